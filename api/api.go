@@ -1,0 +1,357 @@
+// Package api holds corral's wire types: the execution record, the params and
+// results of every JSON-RPC method, and the error codes of the protocol
+// (docs/protocol.md). It has no behaviour beyond validation and JSON shapes,
+// so the daemon, the Go client and corralctl all agree on one definition.
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is an execution's lifecycle state. States only move forward:
+//
+//	started -> running -> (canceling ->) exited -> cleaned
+//
+// started also moves straight to exited when the child could not be started.
+// cleaned is terminal.
+type State int
+
+const (
+	StateStarted   State = iota + 1 // record written, child being spawned; next: running, exited
+	StateRunning                    // main process alive and watched; next: canceling, exited
+	StateCanceling                  // SIGTERM sent (timeout, cancel or limit); next: exited
+	StateExited                     // main process reaped (the one Wait); next: cleaned
+	StateCleaned                    // tree gone, scope removed, fds closed; terminal
+)
+
+var stateNames = map[State]string{
+	StateStarted:   "started",
+	StateRunning:   "running",
+	StateCanceling: "canceling",
+	StateExited:    "exited",
+	StateCleaned:   "cleaned",
+}
+
+func (s State) String() string {
+	if n, ok := stateNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// ParseState returns the State named s.
+func ParseState(s string) (State, error) {
+	for k, v := range stateNames {
+		if v == s {
+			return k, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown state %q", s)
+}
+
+// Terminal reports whether no transition leaves s.
+func (s State) Terminal() bool { return s == StateCleaned }
+
+// Finished reports whether the main process has been reaped.
+func (s State) Finished() bool { return s >= StateExited }
+
+func (s State) MarshalJSON() ([]byte, error) { return json.Marshal(s.String()) }
+
+func (s *State) UnmarshalJSON(b []byte) error {
+	var str string
+	if err := json.Unmarshal(b, &str); err != nil {
+		return err
+	}
+	v, err := ParseState(str)
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// Outcome is the stable machine-readable result of an execution, set once
+// when it reaches exited.
+type Outcome string
+
+const (
+	OutcomeExited      Outcome = "exited"       // main process exited by itself
+	OutcomeSignaled    Outcome = "signaled"     // main process died from a signal not sent by corral's escalation
+	OutcomeTimeout     Outcome = "timeout"      // wall-clock timeout_ms passed
+	OutcomeCancelled   Outcome = "cancelled"    // exec.cancel
+	OutcomeMemoryLimit Outcome = "memory_limit" // the tree was OOM-killed
+	OutcomeCPULimit    Outcome = "cpu_limit"    // cpu_ms of the whole tree used up
+	OutcomeStartFailed Outcome = "start_failed" // the command could not be executed
+	OutcomeLost        Outcome = "lost"         // the daemon restarted while it ran
+)
+
+// Owner is the peer that started an execution, from SO_PEERCRED.
+type Owner struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+	PID int32  `json:"pid"`
+}
+
+// Usage is resource usage of an execution. CPU times are of the whole tree
+// when a cgroup is available, otherwise of the main process and the children
+// it waited for.
+type Usage struct {
+	CPUUserMS       int64 `json:"cpu_user_ms"`
+	CPUSystemMS     int64 `json:"cpu_system_ms"`
+	PeakMemoryBytes int64 `json:"peak_memory_bytes"`
+	TasksPeak       int64 `json:"tasks_peak"`
+}
+
+// StreamInfo describes one output stream of an execution.
+type StreamInfo struct {
+	TotalBytes int64 `json:"total_bytes"`
+	KeptBytes  int64 `json:"kept_bytes"`
+	Truncated  bool  `json:"truncated"`
+}
+
+// Record is an execution as every exec.* method returns it.
+type Record struct {
+	ID         string            `json:"id"`
+	Owner      Owner             `json:"owner"`
+	Argv       []string          `json:"argv"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	State      State             `json:"state"`
+	Outcome    *Outcome          `json:"outcome"`
+	ExitCode   *int              `json:"exit_code"`
+	Signal     *string           `json:"signal"`
+	Error      *string           `json:"error"`
+	PID        int               `json:"pid,omitempty"`
+	Scope      string            `json:"scope,omitempty"`
+	Workspace  *string           `json:"workspace"`
+	CreatedAt  time.Time         `json:"created_at"`
+	StartedAt  *time.Time        `json:"started_at,omitempty"`
+	ExitedAt   *time.Time        `json:"exited_at,omitempty"`
+	CleanedAt  *time.Time        `json:"cleaned_at,omitempty"`
+	DurationMS int64             `json:"duration_ms"`
+	Usage      Usage             `json:"usage"`
+	Stdout     StreamInfo        `json:"stdout"`
+	Stderr     StreamInfo        `json:"stderr"`
+
+	// Extensions beyond protocol v1.
+	User          string `json:"user,omitempty"`           // run-as user name when not the caller
+	Network       string `json:"network,omitempty"`        // "host" or "none"
+	Backend       string `json:"backend,omitempty"`        // scope backend that held the tree
+	TimeoutMS     int64  `json:"timeout_ms,omitempty"`     // effective wall limit
+	CancelReason  string `json:"cancel_reason,omitempty"`  // reason given to exec.cancel
+	LeftoverTasks int    `json:"leftover_tasks,omitempty"` // processes that survived SIGKILL (D state)
+}
+
+// StartParams are the params of exec.start. Zero values mean the default.
+type StartParams struct {
+	Argv             []string          `json:"argv"`
+	Env              map[string]string `json:"env,omitempty"`
+	Cwd              string            `json:"cwd,omitempty"`
+	Stdin            []byte            `json:"stdin,omitempty"` // base64 on the wire ("data" encoding)
+	StdinOpen        bool              `json:"stdin_open,omitempty"`
+	TimeoutMS        int64             `json:"timeout_ms,omitempty"`
+	GraceMS          int64             `json:"grace_ms,omitempty"`
+	CPUMS            int64             `json:"cpu_ms,omitempty"`
+	MemoryBytes      int64             `json:"memory_bytes,omitempty"`
+	TasksMax         int64             `json:"tasks_max,omitempty"`
+	OutputLimitBytes int64             `json:"output_limit_bytes,omitempty"`
+	Labels           map[string]string `json:"labels,omitempty"`
+	ID               string            `json:"id,omitempty"`
+	User             string            `json:"user,omitempty"`
+	Network          string            `json:"network,omitempty"`
+	Redact           bool              `json:"redact,omitempty"`
+}
+
+// Defaults of exec.start, as in the protocol.
+const (
+	DefaultTimeoutMS        = 30000
+	DefaultGraceMS          = 2000
+	DefaultTasksMax         = 256
+	DefaultOutputLimitBytes = 262144
+	MaxLineBytes            = 1 << 20
+)
+
+// Defaults is what daemon.info reports as the exec.start defaults.
+type Defaults struct {
+	TimeoutMS        int64 `json:"timeout_ms"`
+	GraceMS          int64 `json:"grace_ms"`
+	TasksMax         int64 `json:"tasks_max"`
+	OutputLimitBytes int64 `json:"output_limit_bytes"`
+}
+
+// IDParams are the params of exec.get.
+type IDParams struct {
+	ID string `json:"id"`
+}
+
+// WaitParams are the params of exec.wait.
+type WaitParams struct {
+	ID        string `json:"id"`
+	TimeoutMS *int64 `json:"timeout_ms,omitempty"`
+}
+
+// CancelParams are the params of exec.cancel.
+type CancelParams struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// SignalParams are the params of exec.signal.
+type SignalParams struct {
+	ID     string `json:"id"`
+	Signal string `json:"signal"`
+	Target string `json:"target,omitempty"` // "all" (default) or "main"
+}
+
+// WriteParams are the params of exec.write.
+type WriteParams struct {
+	ID    string `json:"id"`
+	Data  []byte `json:"data,omitempty"`
+	Close bool   `json:"close,omitempty"`
+}
+
+// WriteResult is the result of exec.write.
+type WriteResult struct {
+	Written int `json:"written"`
+}
+
+// ListParams are the params of exec.list.
+type ListParams struct {
+	State  string            `json:"state,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+	Limit  int               `json:"limit,omitempty"`
+}
+
+// ListResult is the result of exec.list.
+type ListResult struct {
+	Executions []Record `json:"executions"`
+}
+
+// OutputParams are the params of exec.output.
+type OutputParams struct {
+	ID     string `json:"id"`
+	Stream string `json:"stream,omitempty"` // "stdout" (default) or "stderr"
+	Offset int64  `json:"offset,omitempty"`
+	Limit  int64  `json:"limit,omitempty"`
+}
+
+// OutputResult is the result of exec.output. Offsets count bytes of the whole
+// stream as the child wrote it. When Offset was in the dropped middle of a
+// truncated stream, Gap is true and Data starts at the first kept byte after
+// it (Offset in the result says where).
+type OutputResult struct {
+	Data       []byte `json:"data"`
+	Offset     int64  `json:"offset"`
+	NextOffset int64  `json:"next_offset"`
+	TotalBytes int64  `json:"total_bytes"`
+	EOF        bool   `json:"eof"`
+	Gap        bool   `json:"gap"`
+}
+
+// FollowParams are the params of exec.follow.
+type FollowParams struct {
+	ID           string `json:"id"`
+	StdoutOffset int64  `json:"stdout_offset,omitempty"`
+	StderrOffset int64  `json:"stderr_offset,omitempty"`
+	HeartbeatMS  int64  `json:"heartbeat_ms,omitempty"`
+}
+
+// Notification methods sent during exec.follow.
+const (
+	NotifyOutput    = "exec.output"
+	NotifyState     = "exec.state"
+	NotifyHeartbeat = "exec.heartbeat"
+)
+
+// OutputNotification is the params of an exec.output notification.
+type OutputNotification struct {
+	ID     string `json:"id"`
+	Stream string `json:"stream"`
+	Offset int64  `json:"offset"`
+	Data   []byte `json:"data"`
+}
+
+// StateNotification is the params of an exec.state notification.
+type StateNotification struct {
+	Record Record `json:"record"`
+}
+
+// HeartbeatNotification is the params of an exec.heartbeat notification.
+type HeartbeatNotification struct {
+	ID    string `json:"id"`
+	Usage Usage  `json:"usage"`
+}
+
+// Info is the result of daemon.info.
+type Info struct {
+	Version string   `json:"version"`
+	PID     int      `json:"pid"`
+	Backend string   `json:"backend"`
+	Pidfd   bool     `json:"pidfd"`
+	Cgroup  string   `json:"cgroup"`
+	Kernel  string   `json:"kernel"`
+	Default Defaults `json:"defaults"`
+	Running int      `json:"running"`
+	Total   int64    `json:"total"`
+
+	// Extensions.
+	Socket   string            `json:"socket,omitempty"`
+	StateDir string            `json:"state_dir,omitempty"`
+	Store    string            `json:"store,omitempty"` // "ok", "degraded: ...", "memory"
+	Checks   map[string]string `json:"checks,omitempty"`
+}
+
+// Code is a JSON-RPC error code.
+type Code int
+
+const (
+	CodeParseError      Code = -32700
+	CodeInvalidRequest  Code = -32600
+	CodeMethodNotFound  Code = -32601
+	CodeInvalidParams   Code = -32602
+	CodeInternal        Code = -32603
+	CodeNotFound        Code = -32001
+	CodePermission      Code = -32002
+	CodeOverCapacity    Code = -32003
+	CodeIdempotency     Code = -32004
+	CodeShuttingDown    Code = -32005
+	CodeNotImplemented  Code = -32006 // extension: the backend cannot do what was asked
+	CodeInvalidArgument      = CodeInvalidParams
+)
+
+// Error is an error with a JSON-RPC code; its Message is safe to show to the
+// client. Internal detail stays in the wrapped error, which is logged only.
+type Error struct {
+	Code    Code
+	Message string
+	Err     error // internal cause, not sent
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %v", e.Message, e.Err)
+	}
+	return e.Message
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an *Error with code c and a formatted client-visible message.
+func Errorf(c Code, format string, args ...any) *Error {
+	return &Error{Code: c, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrNotFound is returned for an id that does not exist or is not the caller's.
+var ErrNotFound = &Error{Code: CodeNotFound, Message: "execution not found"}
+
+// ErrorCode returns err's JSON-RPC code: the Code of an *Error in its chain,
+// or CodeInternal.
+func ErrorCode(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}

@@ -1,0 +1,32 @@
+// Package ipc is corral's JSON-RPC 2.0 transport over a Unix stream socket:
+// the server that frames requests, authenticates peers with SO_PEERCRED and
+// dispatches to a Service, and the Go client used by corralctl and tests.
+package ipc
+
+import (
+	"context"
+
+	"github.com/corral-dev/corral/api"
+)
+
+// Service is what the server dispatches to; the reactor implements it.
+// Every method may be called from many goroutines at once. caller is the
+// peer's SO_PEERCRED identity. Errors of type *api.Error carry the JSON-RPC
+// code and the client-visible message; any other error is -32603.
+type Service interface {
+	Start(ctx context.Context, caller api.Owner, p api.StartParams) (api.Record, error)
+	Get(ctx context.Context, caller api.Owner, p api.IDParams) (api.Record, error)
+	Wait(ctx context.Context, caller api.Owner, p api.WaitParams) (api.Record, error)
+	Cancel(ctx context.Context, caller api.Owner, p api.CancelParams) (api.Record, error)
+	Signal(ctx context.Context, caller api.Owner, p api.SignalParams) (api.Record, error)
+	Write(ctx context.Context, caller api.Owner, p api.WriteParams) (api.WriteResult, error)
+	List(ctx context.Context, caller api.Owner, p api.ListParams) (api.ListResult, error)
+	Output(ctx context.Context, caller api.Owner, p api.OutputParams) (api.OutputResult, error)
+	// Follow streams notifications through notify until the execution is
+	// cleaned (or ctx ends), then returns the final record. notify must not
+	// block: it returns false when the notification was dropped because the
+	// connection is slow (the client resumes with exec.output). The reactor
+	// may call notify from its loop goroutine.
+	Follow(ctx context.Context, caller api.Owner, p api.FollowParams, notify func(method string, params any) bool) (api.Record, error)
+	Info(ctx context.Context) (api.Info, error)
+}
