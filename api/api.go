@@ -142,6 +142,10 @@ type Record struct {
 	TimeoutMS     int64  `json:"timeout_ms,omitempty"`     // effective wall limit
 	CancelReason  string `json:"cancel_reason,omitempty"`  // reason given to exec.cancel
 	LeftoverTasks int    `json:"leftover_tasks,omitempty"` // processes that survived SIGKILL (D state)
+	// StartErrno names the errno of a start_failed execution ("ENOENT",
+	// "EACCES", ...), so clients can tell "not found" (exit 127) from "cannot
+	// execute" (126) without parsing Error.
+	StartErrno string `json:"start_errno,omitempty"`
 }
 
 // StartParams are the params of exec.start. Zero values mean the default.
