@@ -1,0 +1,257 @@
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// defaultPath is searched when cfg.Env has no PATH (systemd's default).
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Main runs the shim in the child and never returns: it execs the command
+// or exits with ExitParentGone, ExitCannotExec or ExitNotFound. Call it
+// first thing in main when len(os.Args) > 1 && os.Args[1] == Arg, before
+// anything opens files or starts goroutines of its own.
+func Main() {
+	// no_new_privs is per thread: set it on the thread that execs, and exec
+	// from that thread.
+	runtime.LockOSThread()
+
+	// Everything but stdio becomes close-on-exec, so a successful exec
+	// leaves the command exactly fds 0, 1 and 2, and closes the error pipe
+	// (EOF tells the parent "exec'd"). The runtime's own fds already are.
+	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		markAllCloexec()
+	}
+	errPipe := os.NewFile(childErrFD, "corral-shim-error")
+
+	cfg, err := readConfig()
+	if err != nil {
+		fail(errPipe, newExecError("config", err))
+	}
+	if cfg.Hold {
+		if err := hold(); err != nil {
+			var gone errParentGone
+			if errors.As(err, &gone) {
+				os.Exit(ExitParentGone)
+			}
+			fail(errPipe, newExecError("hold", err))
+		}
+	}
+	if e := setup(cfg); e != nil {
+		fail(errPipe, e)
+	}
+	path, err := lookPath(cfg.Argv[0], pathOf(cfg.Env))
+	if err != nil {
+		fail(errPipe, newExecError("lookpath", fmt.Errorf("exec %q: %w", cfg.Argv[0], err)))
+	}
+	err = syscall.Exec(path, cfg.Argv, cfg.Env)
+	fail(errPipe, newExecError("exec", fmt.Errorf("exec %q: %w", cfg.Argv[0], err)))
+}
+
+// readConfig reads the JSON Config from the sealed memfd and closes it.
+func readConfig() (*Config, error) {
+	f := os.NewFile(childConfigFD, "corral-shim-config")
+	defer f.Close()
+	// The memfd shares its offset with the parent's copy, which is at the
+	// end: read from offset 0 explicitly.
+	data, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<30))
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	var cfg Config
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, fmt.Errorf("decode config: %w", err)
+	}
+	if len(cfg.Argv) == 0 {
+		return nil, errors.New("decode config: empty argv")
+	}
+	return &cfg, nil
+}
+
+type errParentGone struct{}
+
+func (errParentGone) Error() string { return "parent closed the release pipe" }
+
+// hold blocks until the parent writes the release byte. EOF without it
+// means the parent gave up on this child (or died).
+func hold() error {
+	f := os.NewFile(childReleaseFD, "corral-shim-release")
+	defer f.Close()
+	var b [1]byte
+	for {
+		n, err := unix.Read(int(f.Fd()), b[:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return os.NewSyscallError("read release pipe", err)
+		case n == 0:
+			return errParentGone{}
+		}
+		return nil
+	}
+}
+
+// setup does everything between the release and the exec, in the order
+// whose reasons are given at each step.
+func setup(cfg *Config) *ExecError {
+	// Before credentials change: bringing an interface up needs
+	// CAP_NET_ADMIN, raising a hard rlimit needs CAP_SYS_RESOURCE.
+	if cfg.LoopbackUp {
+		if err := loopbackUp(); err != nil {
+			return newExecError("loopback", fmt.Errorf("bring up lo: %w", err))
+		}
+	}
+	for _, r := range cfg.Rlimits {
+		lim := syscall.Rlimit{Cur: r.Cur, Max: r.Max}
+		// syscall.Setrlimit (not unix.Setrlimit) so that the runtime does
+		// not restore its saved RLIMIT_NOFILE at exec over ours.
+		if err := syscall.Setrlimit(r.Resource, &lim); err != nil {
+			return newExecError("setrlimit", fmt.Errorf("setrlimit %d: %w", r.Resource, err))
+		}
+	}
+	if cfg.SetCreds {
+		// Groups and gid first: after setuid we may no longer change them.
+		// The syscall package applies these to every thread of the process.
+		groups := make([]int, len(cfg.Groups))
+		for i, g := range cfg.Groups {
+			groups[i] = int(g)
+		}
+		if err := syscall.Setgroups(groups); err != nil {
+			return newExecError("setgroups", fmt.Errorf("setgroups: %w", err))
+		}
+		if err := syscall.Setgid(int(cfg.GID)); err != nil {
+			return newExecError("setgid", fmt.Errorf("setgid %d: %w", cfg.GID, err))
+		}
+		if err := syscall.Setuid(int(cfg.UID)); err != nil {
+			return newExecError("setuid", fmt.Errorf("setuid %d: %w", cfg.UID, err))
+		}
+	}
+	// After setuid, so that the new user must be able to enter Dir.
+	if cfg.Dir != "" {
+		if err := os.Chdir(cfg.Dir); err != nil {
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = fmt.Errorf("chdir %q: %w", cfg.Dir, pe.Err)
+			}
+			return newExecError("chdir", err)
+		}
+	}
+	if cfg.NoNewPrivs {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return newExecError("no_new_privs", os.NewSyscallError("prctl(PR_SET_NO_NEW_PRIVS)", err))
+		}
+	}
+	return nil
+}
+
+// loopbackUp sets IFF_UP on "lo" of the current network namespace with
+// SIOCSIFFLAGS, without the ip binary.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return os.NewSyscallError("socket", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return os.NewSyscallError("ioctl(SIOCGIFFLAGS)", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return os.NewSyscallError("ioctl(SIOCSIFFLAGS)", err)
+	}
+	return nil
+}
+
+// pathOf returns the PATH of env, or defaultPath.
+func pathOf(env []string) string {
+	path, found := "", false
+	for _, kv := range env {
+		// The last definition wins, as getenv(3) would see after execve.
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path, found = v, true
+		}
+	}
+	if !found {
+		return defaultPath
+	}
+	return path
+}
+
+// lookPath finds file in path like execvp(3): a name with a slash is used
+// as is; otherwise the first executable regular file in path wins, and an
+// empty path element means the current directory. The error is ENOENT when
+// nothing matched, or the error of the last candidate that exists but is
+// not executable (EACCES), as execvp reports it.
+func lookPath(file, path string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil // exec reports its own error
+	}
+	var last error = unix.ENOENT
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, file)
+		if dir == "." {
+			p = "./" + file
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			continue
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			last = unix.EACCES
+			continue
+		}
+		// Checked with the effective ids, which SetCreds already changed.
+		if err := unix.Faccessat(unix.AT_FDCWD, p, unix.X_OK, unix.AT_EACCESS); err != nil {
+			last = err
+			continue
+		}
+		return p, nil
+	}
+	return "", last
+}
+
+// fail reports e on the error pipe and exits with its code.
+func fail(errPipe *os.File, e *ExecError) {
+	e.Message = truncate(e.Message, maxReport/2)
+	data, err := json.Marshal(e)
+	if err == nil && len(data) <= maxReport {
+		// One write below PIPE_BUF is atomic: the parent reads it whole.
+		errPipe.Write(data)
+	}
+	os.Exit(e.ExitCode())
+}
+
+// markAllCloexec is the fallback for kernels without close_range(2)
+// (before 5.11): mark each open fd >= 3 close-on-exec.
+func markAllCloexec() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		var fd int
+		if _, err := fmt.Sscan(e.Name(), &fd); err != nil || fd < 3 {
+			continue
+		}
+		unix.CloseOnExec(fd)
+	}
+}

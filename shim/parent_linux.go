@@ -1,0 +1,282 @@
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Fixed descriptor numbers in the shim, from cmd.ExtraFiles.
+const (
+	childConfigFD  = 3 // sealed memfd with the JSON Config
+	childErrFD     = 4 // write end of the exec-error pipe
+	childReleaseFD = 5 // read end of the release pipe (only when Hold)
+)
+
+// selfExe is what the shim is started from: the running binary. Tests work
+// unchanged because their TestMain dispatches to Main.
+const selfExe = "/proc/self/exe"
+
+// shimArgv0 is the shim's argv[0], visible in ps until the command execs.
+const shimArgv0 = "corral-shim"
+
+// Handle is the parent's side of one wrapped command: the release pipe's
+// write end (when held) and the exec-error pipe's read end.
+//
+// Ownership: the Handle owns every descriptor it holds and closes them in
+// Close; callers must not close ErrFD themselves (remove it from an epoll
+// set before Close). The methods are safe for concurrent use, so the
+// backend that releases (in Scope.Started) and the reactor that closes may
+// run on different goroutines. Terminal state: closed.
+type Handle struct {
+	mu sync.Mutex
+	// Child ends, kept open in the parent only until cmd.Start has run.
+	config   *os.File // memfd
+	errW     *os.File
+	releaseR *os.File
+	// Parent ends.
+	releaseW *os.File // nil when not held or after Release/Close
+	errR     int      // -1 after Close; O_NONBLOCK|O_CLOEXEC
+
+	held     bool
+	released bool
+	closed   bool
+}
+
+// ErrClosed is returned by Handle methods called after Close.
+var ErrClosed = errors.New("shim: handle closed")
+
+// Wrap rewrites cmd so that starting it starts the shim, which runs
+// cfg.Argv with cfg.Env, and returns the Handle of the pipes shared with it.
+//
+// Wrap sets cmd.Path (to the running binary), cmd.Args, cmd.Env (empty: the
+// shim needs none, and the daemon's environment must not reach the child),
+// cmd.ExtraFiles, and clears cmd.Err (a lookup error of exec.Command made
+// with the daemon's PATH, which does not matter: the shim looks the command
+// up with cfg.Env's PATH). cmd.Dir, if set and cfg.Dir is empty, moves into
+// the Config so that a bad directory is reported as an ExecError rather
+// than as a Start error. SysProcAttr, Stdin, Stdout and Stderr are kept.
+// cmd must not have ExtraFiles.
+//
+// The caller then calls cmd.Start, then CloseChildEnds (whether Start
+// succeeded or not), then, when held, Release once the child may run, and
+// finally Close once it no longer needs ErrFD.
+func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
+	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
+		return nil, errors.New("shim: wrap: empty argv")
+	}
+	if cmd.Process != nil {
+		return nil, errors.New("shim: wrap: command already started")
+	}
+	if len(cmd.ExtraFiles) != 0 {
+		return nil, errors.New("shim: wrap: command has ExtraFiles, which the shim does not pass on")
+	}
+	if cfg.Dir == "" {
+		cfg.Dir = cmd.Dir
+	}
+	if cfg.Env == nil {
+		cfg.Env = []string{}
+	}
+	h := &Handle{errR: -1, held: cfg.Hold}
+	ok := false
+	defer func() {
+		if !ok {
+			h.Close()
+		}
+	}()
+
+	var err error
+	if h.config, err = writeConfig(cfg); err != nil {
+		return nil, err
+	}
+	// The parent's read end is non-blocking so that the reactor can put it
+	// in its epoll set; the child's write end is inherited without
+	// O_CLOEXEC (os/exec dup2s ExtraFiles), and the shim sets O_CLOEXEC on
+	// it again so that a successful exec closes it: EOF then means "exec'd".
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, fmt.Errorf("shim: error pipe: %w", os.NewSyscallError("pipe2", err))
+	}
+	h.errR = p[0]
+	if err := unix.SetNonblock(p[1], false); err != nil {
+		unix.Close(p[1])
+		return nil, fmt.Errorf("shim: error pipe: %w", os.NewSyscallError("fcntl", err))
+	}
+	h.errW = os.NewFile(uintptr(p[1]), "corral-shim-error")
+	files := []*os.File{h.config, h.errW}
+	if cfg.Hold {
+		if h.releaseR, h.releaseW, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("shim: release pipe: %w", err)
+		}
+		files = append(files, h.releaseR)
+	}
+
+	cmd.Path = selfExe
+	cmd.Args = []string{shimArgv0, Arg}
+	cmd.Env = []string{}
+	cmd.Dir = ""
+	cmd.Err = nil
+	cmd.ExtraFiles = files
+	ok = true
+	return h, nil
+}
+
+// writeConfig puts cfg as JSON into a sealed memfd.
+func writeConfig(cfg Config) (*os.File, error) {
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("shim: encode config: %w", err)
+	}
+	fd, err := unix.MemfdCreate("corral-shim-config", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("shim: config: %w", os.NewSyscallError("memfd_create", err))
+	}
+	f := os.NewFile(uintptr(fd), "corral-shim-config")
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("shim: write config: %w", err)
+	}
+	// Sealed, the child reads exactly what the parent wrote.
+	const seals = unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("shim: seal config: %w", os.NewSyscallError("fcntl", err))
+	}
+	return f, nil
+}
+
+// CloseChildEnds closes the parent's copies of the descriptors the shim
+// inherited. Call it right after cmd.Start, whether Start succeeded or not:
+// until then ErrFD cannot reach EOF. Idempotent.
+func (h *Handle) CloseChildEnds() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closeChildEndsLocked()
+}
+
+func (h *Handle) closeChildEndsLocked() {
+	for _, f := range []**os.File{&h.config, &h.errW, &h.releaseR} {
+		if *f != nil {
+			(*f).Close()
+			*f = nil
+		}
+	}
+}
+
+// Held reports whether the shim was configured to wait for Release.
+func (h *Handle) Held() bool { return h.held }
+
+// Release lets a held shim go on: it writes one byte to the release pipe
+// and closes it. Idempotent; a no-op when the shim was not held. It fails
+// if the shim is already gone (EPIPE) or the Handle is closed.
+func (h *Handle) Release() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return ErrClosed
+	}
+	if !h.held || h.released {
+		return nil
+	}
+	h.released = true
+	w := h.releaseW
+	h.releaseW = nil
+	_, err := w.Write([]byte{1})
+	w.Close()
+	if err != nil {
+		return fmt.Errorf("shim: release: %w", err)
+	}
+	return nil
+}
+
+// ErrFD is the read end of the exec-error pipe: non-blocking, close-on-exec,
+// owned by the Handle (do not close it). It becomes readable when the shim
+// reports an error (then ReadExecError returns it) or reaches EOF when the
+// command was exec'd or the shim died. -1 after Close.
+func (h *Handle) ErrFD() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.errR
+}
+
+// ReadExecError reads the exec-error pipe fd (Handle.ErrFD) once:
+// (report, nil) when the shim reported a failure; (nil, nil) at EOF, which
+// means the command was exec'd (or the shim died without a report; the
+// exit status tells); (nil, ErrPending) when neither happened yet.
+func ReadExecError(fd int) (*ExecError, error) {
+	buf := make([]byte, 2*maxReport)
+	for {
+		n, err := unix.Read(fd, buf)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return nil, ErrPending
+		case err != nil:
+			return nil, fmt.Errorf("shim: read exec result: %w", os.NewSyscallError("read", err))
+		case n == 0:
+			return nil, nil
+		}
+		var e ExecError
+		if err := json.Unmarshal(buf[:n], &e); err != nil {
+			return nil, fmt.Errorf("shim: decode exec result: %w", err)
+		}
+		return &e, nil
+	}
+}
+
+// WaitExec blocks until the shim exec'd the command (nil, nil), reported a
+// failure (report, nil), or timeout passes (nil, ErrPending). It is for
+// callers without an event loop (tests, tools); the reactor polls ErrFD.
+func (h *Handle) WaitExec(timeout time.Duration) (*ExecError, error) {
+	fd := h.ErrFD()
+	if fd < 0 {
+		return nil, ErrClosed
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		left := time.Until(deadline)
+		if left < 0 {
+			left = 0
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds()))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("shim: wait exec: %w", os.NewSyscallError("poll", err))
+		}
+		if n == 0 {
+			return nil, ErrPending
+		}
+		return ReadExecError(fd)
+	}
+}
+
+// Close closes every descriptor the Handle still holds. A held shim that
+// was not released then reads EOF and exits with ExitParentGone without
+// running anything. Idempotent.
+func (h *Handle) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil
+	}
+	h.closed = true
+	h.closeChildEndsLocked()
+	if h.releaseW != nil {
+		h.releaseW.Close()
+		h.releaseW = nil
+	}
+	if h.errR >= 0 {
+		unix.Close(h.errR)
+		h.errR = -1
+	}
+	return nil
+}

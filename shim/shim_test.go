@@ -1,0 +1,365 @@
+package shim_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/shim"
+	"golang.org/x/sys/unix"
+)
+
+// TestMain makes the test binary a shim too: Wrap starts /proc/self/exe.
+// After the suite it checks that no pipe, memfd or pidfd leaked.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == shim.Arg {
+		shim.Main()
+	}
+	before := openFDs()
+	code := m.Run()
+	if code == 0 {
+		if leaked := newFDs(before, openFDs()); len(leaked) > 0 {
+			os.Stderr.WriteString("shim tests leaked file descriptors: " + strings.Join(leaked, " ") + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// openFDs maps this process's fds to what they point at.
+func openFDs() map[string]string {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	m := make(map[string]string)
+	for _, e := range ents {
+		l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		m[e.Name()] = l
+	}
+	return m
+}
+
+// newFDs lists the pipes, memfds and pidfds in after but not in before (the
+// runtime opens cgroup files, epoll and eventfd lazily: those are not leaks).
+func newFDs(before, after map[string]string) []string {
+	var leaked []string
+	for fd, l := range after {
+		if before[fd] == l {
+			continue
+		}
+		if strings.HasPrefix(l, "pipe:") || strings.HasPrefix(l, "/memfd:") || strings.Contains(l, "pidfd") {
+			leaked = append(leaked, fd+"="+l)
+		}
+	}
+	return leaked
+}
+
+const testPath = "PATH=/usr/local/bin:/usr/bin:/bin"
+
+// run is one wrapped command, started.
+type run struct {
+	cmd    *exec.Cmd
+	h      *shim.Handle
+	stdout *bytes.Buffer
+	stderr *bytes.Buffer
+}
+
+// start wraps a fresh command with cfg, lets adjust change it, and starts it.
+// Cleanup kills and reaps it and closes the Handle.
+func start(t *testing.T, cfg shim.Config, adjust func(*exec.Cmd)) *run {
+	t.Helper()
+	cmd := exec.Command(cfg.Argv[0], cfg.Argv[1:]...)
+	r := &run{cmd: cmd, stdout: new(bytes.Buffer), stderr: new(bytes.Buffer)}
+	cmd.Stdout, cmd.Stderr = r.stdout, r.stderr
+	if adjust != nil {
+		adjust(cmd)
+	}
+	h, err := shim.Wrap(cmd, cfg)
+	if err != nil {
+		t.Fatalf("Wrap: %v", err)
+	}
+	r.h = h
+	err = cmd.Start()
+	h.CloseChildEnds()
+	if err != nil {
+		h.Close()
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return r
+}
+
+// finish releases, collects the exec result and waits.
+func (r *run) finish(t *testing.T) (*shim.ExecError, int) {
+	t.Helper()
+	if err := r.h.Release(); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	report, err := r.h.WaitExec(10 * time.Second)
+	if err != nil {
+		t.Fatalf("WaitExec: %v", err)
+	}
+	r.cmd.Wait()
+	return report, r.cmd.ProcessState.ExitCode()
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+}
+
+func TestExecAfterRelease(t *testing.T) {
+	r := start(t, shim.Config{Argv: []string{"sh", "-c", "echo hello; exit 3"}, Env: []string{testPath}, Hold: true}, nil)
+	report, code := r.finish(t)
+	if report != nil {
+		t.Fatalf("exec report = %+v, want none", report)
+	}
+	if code != 3 || r.stdout.String() != "hello\n" {
+		t.Errorf("exit %d, stdout %q; want 3, %q", code, r.stdout.String(), "hello\n")
+	}
+}
+
+func TestNoHold(t *testing.T) {
+	r := start(t, shim.Config{Argv: []string{"true"}, Env: []string{testPath}}, nil)
+	report, code := r.finish(t) // Release is a no-op without Hold
+	if report != nil || code != 0 {
+		t.Errorf("report %+v, exit %d; want none, 0", report, code)
+	}
+}
+
+func TestHoldHolds(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "ran")
+	r := start(t, shim.Config{Argv: []string{"touch", marker}, Env: []string{testPath}, Hold: true}, nil)
+
+	time.Sleep(300 * time.Millisecond)
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("command ran before Release")
+	}
+	self, _ := os.Readlink("/proc/self/exe")
+	if exe, err := os.Readlink("/proc/" + itoa(r.cmd.Process.Pid) + "/exe"); err != nil || exe != self {
+		t.Errorf("held child's exe = %q (%v), want the shim %q", exe, err, self)
+	}
+	if _, err := shim.ReadExecError(r.h.ErrFD()); !errors.Is(err, shim.ErrPending) {
+		t.Errorf("ReadExecError while held = %v, want ErrPending", err)
+	}
+
+	if report, code := r.finish(t); report != nil || code != 0 {
+		t.Fatalf("report %+v, exit %d; want none, 0", report, code)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Errorf("command did not run after Release: %v", err)
+	}
+}
+
+func TestCloseWithoutRelease(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "ran")
+	r := start(t, shim.Config{Argv: []string{"touch", marker}, Env: []string{testPath}, Hold: true}, nil)
+	r.h.Close()
+	r.cmd.Wait()
+	if code := r.cmd.ProcessState.ExitCode(); code != shim.ExitParentGone {
+		t.Errorf("exit = %d, want %d", code, shim.ExitParentGone)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("command ran although the parent closed the Handle")
+	}
+	if r.stderr.Len() != 0 {
+		t.Errorf("stderr = %q, want quiet", r.stderr.String())
+	}
+	if err := r.h.Release(); !errors.Is(err, shim.ErrClosed) {
+		t.Errorf("Release after Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestExecFailures(t *testing.T) {
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "notexec")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		argv      []string
+		dir       string
+		wantOp    string
+		wantErrno string
+		wantCode  int
+	}{
+		{"missing in PATH", []string{"corral-no-such-command"}, "", "lookpath", "ENOENT", 127},
+		{"missing absolute", []string{filepath.Join(dir, "missing")}, "", "exec", "ENOENT", 127},
+		{"not executable", []string{notExec}, "", "exec", "EACCES", 126},
+		{"bad cwd", []string{"true"}, filepath.Join(dir, "nodir"), "chdir", "ENOENT", 126},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := start(t, shim.Config{Argv: tt.argv, Env: []string{testPath}, Dir: tt.dir, Hold: true}, nil)
+			report, code := r.finish(t)
+			if report == nil {
+				t.Fatalf("no exec report; exit %d", code)
+			}
+			if report.Op != tt.wantOp || report.Errno != tt.wantErrno || code != tt.wantCode {
+				t.Errorf("report %+v, exit %d; want op %s, errno %s, exit %d", report, code, tt.wantOp, tt.wantErrno, tt.wantCode)
+			}
+			if report.ExitCode() != code {
+				t.Errorf("report.ExitCode() = %d, process exit %d", report.ExitCode(), code)
+			}
+			if tt.wantErrno == "ENOENT" && !errors.Is(report, unix.ENOENT) {
+				t.Errorf("errors.Is(%v, ENOENT) = false", report)
+			}
+		})
+	}
+}
+
+func TestPathFromChildEnv(t *testing.T) {
+	dir := t.TempDir()
+	tool := filepath.Join(dir, "corral-test-tool")
+	if err := os.WriteFile(tool, []byte("#!/bin/sh\necho from-child-path\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon's PATH lacks dir: exec.Command fails its own lookup (cmd.Err),
+	// which Wrap must clear.
+	r := start(t, shim.Config{Argv: []string{"corral-test-tool"}, Env: []string{"PATH=" + dir + ":/usr/bin:/bin"}, Hold: true}, nil)
+	report, code := r.finish(t)
+	if report != nil || code != 0 || r.stdout.String() != "from-child-path\n" {
+		t.Errorf("report %+v, exit %d, stdout %q; want none, 0, %q", report, code, r.stdout.String(), "from-child-path\n")
+	}
+}
+
+func TestEnvExactly(t *testing.T) {
+	t.Setenv("CORRAL_DAEMON_SECRET", "leak")
+	env := []string{"A=1", testPath, "B=two words"}
+	r := start(t, shim.Config{Argv: []string{"env"}, Env: env, Hold: true}, nil)
+	if report, code := r.finish(t); report != nil || code != 0 {
+		t.Fatalf("report %+v, exit %d", report, code)
+	}
+	got := strings.Split(strings.TrimSuffix(r.stdout.String(), "\n"), "\n")
+	if !slices.Equal(got, env) {
+		t.Errorf("child env = %q, want exactly %q", got, env)
+	}
+}
+
+func TestOnlyStdioSurvivesExec(t *testing.T) {
+	r := start(t, shim.Config{Argv: []string{"sleep", "30"}, Env: []string{testPath}, Hold: true}, nil)
+	if err := r.h.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if report, err := r.h.WaitExec(10 * time.Second); report != nil || err != nil {
+		t.Fatalf("WaitExec = %+v, %v", report, err)
+	}
+	ents, err := os.ReadDir("/proc/" + itoa(r.cmd.Process.Pid) + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fds []string
+	for _, e := range ents {
+		fds = append(fds, e.Name())
+	}
+	if !slices.Equal(fds, []string{"0", "1", "2"}) {
+		t.Errorf("fds after exec = %v, want [0 1 2]", fds)
+	}
+}
+
+func TestRlimits(t *testing.T) {
+	r := start(t, shim.Config{
+		Argv:    []string{"sh", "-c", "ulimit -n; ulimit -Hn"},
+		Env:     []string{testPath},
+		Hold:    true,
+		Rlimits: []shim.Rlimit{{Resource: unix.RLIMIT_NOFILE, Cur: 100, Max: 200}},
+	}, nil)
+	if report, code := r.finish(t); report != nil || code != 0 {
+		t.Fatalf("report %+v, exit %d", report, code)
+	}
+	if got := r.stdout.String(); got != "100\n200\n" {
+		t.Errorf("ulimit -n, -Hn = %q, want %q", got, "100\n200\n")
+	}
+}
+
+func TestCreds(t *testing.T) {
+	needRoot(t)
+	r := start(t, shim.Config{
+		Argv: []string{"sh", "-c", "id -u; id -g; id -G"}, Env: []string{testPath}, Hold: true,
+		SetCreds: true, UID: 65534, GID: 65534, Groups: []uint32{65534},
+	}, nil)
+	if report, code := r.finish(t); report != nil || code != 0 {
+		t.Fatalf("report %+v, exit %d, stderr %q", report, code, r.stderr.String())
+	}
+	if got := r.stdout.String(); got != "65534\n65534\n65534\n" {
+		t.Errorf("id -u, -g, -G = %q, want 65534 for each", got)
+	}
+}
+
+func TestNoNewPrivs(t *testing.T) {
+	for _, nnp := range []bool{false, true} {
+		r := start(t, shim.Config{
+			Argv: []string{"grep", "^NoNewPrivs:", "/proc/self/status"}, Env: []string{testPath}, Hold: true,
+			NoNewPrivs: nnp,
+		}, nil)
+		if report, code := r.finish(t); report != nil || code != 0 {
+			t.Fatalf("report %+v, exit %d", report, code)
+		}
+		want := "NoNewPrivs:\t0\n"
+		if nnp {
+			want = "NoNewPrivs:\t1\n"
+		}
+		if got := r.stdout.String(); got != want {
+			t.Errorf("NoNewPrivs=%v: status line %q, want %q", nnp, got, want)
+		}
+	}
+}
+
+func TestLoopbackUp(t *testing.T) {
+	needRoot(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip(8) not installed")
+	}
+	for _, up := range []bool{false, true} {
+		r := start(t, shim.Config{
+			Argv: []string{"ip", "-o", "link", "show", "lo"}, Env: []string{testPath}, Hold: true,
+			LoopbackUp: up,
+		}, func(c *exec.Cmd) {
+			c.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+		})
+		if report, code := r.finish(t); report != nil || code != 0 {
+			t.Fatalf("report %+v, exit %d, stderr %q", report, code, r.stderr.String())
+		}
+		out := r.stdout.String()
+		flags := out[strings.Index(out, "<")+1 : strings.Index(out, ">")]
+		if got := slices.Contains(strings.Split(flags, ","), "UP"); got != up {
+			t.Errorf("LoopbackUp=%v: lo flags <%s>, UP = %v", up, flags, got)
+		}
+	}
+}
+
+func TestWrapRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		cmd  *exec.Cmd
+		cfg  shim.Config
+	}{
+		{"empty argv", exec.Command("true"), shim.Config{}},
+		{"extra files", &exec.Cmd{ExtraFiles: []*os.File{os.Stdin}}, shim.Config{Argv: []string{"true"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if h, err := shim.Wrap(tt.cmd, tt.cfg); err == nil {
+				h.Close()
+				t.Error("Wrap succeeded, want an error")
+			}
+		})
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
