@@ -1,0 +1,250 @@
+package ipc
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/corral-dev/corral/api"
+)
+
+// TestMain fails the package when goroutines outlive the tests.
+func TestMain(m *testing.M) {
+	before := runtime.NumGoroutine()
+	code := m.Run()
+	if code == 0 {
+		deadline := time.Now().Add(3 * time.Second)
+		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if n := runtime.NumGoroutine(); n > before {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			fmt.Fprintf(os.Stderr, "leaked goroutines: %d before, %d after\n%s\n", before, n, buf)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// fakeService answers from memory. Behaviour is chosen by the id:
+//
+//	"panic"    panics
+//	"internal" returns a plain error
+//	"missing"  returns api.ErrNotFound with an internal cause
+//	"block"    (Wait) blocks until release is closed or ctx ends
+//
+// Every call's caller is recorded.
+type fakeService struct {
+	mu      sync.Mutex
+	callers []api.Owner
+	cancels []string
+
+	release   chan struct{} // closes to end blocking waits
+	waitEnded chan error    // receives ctx.Err() (or nil) of each blocking wait
+	cancelled chan string   // receives exec.cancel ids
+
+	follow func(ctx context.Context, p api.FollowParams, notify func(string, any) bool) (api.Record, error)
+}
+
+var _ Service = (*fakeService)(nil)
+
+func newFake() *fakeService {
+	return &fakeService{
+		release:   make(chan struct{}),
+		waitEnded: make(chan error, 1024),
+		cancelled: make(chan string, 16),
+	}
+}
+
+func (f *fakeService) record(caller api.Owner) {
+	f.mu.Lock()
+	f.callers = append(f.callers, caller)
+	f.mu.Unlock()
+}
+
+func (f *fakeService) byID(caller api.Owner, id string) (api.Record, error) {
+	f.record(caller)
+	switch id {
+	case "panic":
+		panic("boom")
+	case "internal":
+		return api.Record{}, errors.New("disk on fire at /secret/path")
+	case "missing":
+		return api.Record{}, &api.Error{Code: api.CodeNotFound, Message: "execution not found", Err: errors.New("secret detail")}
+	}
+	return api.Record{ID: id, Owner: caller, State: api.StateRunning, CreatedAt: time.Unix(0, 0).UTC()}, nil
+}
+
+func (f *fakeService) Start(_ context.Context, caller api.Owner, p api.StartParams) (api.Record, error) {
+	f.record(caller)
+	if len(p.Argv) == 0 {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "params.argv: required")
+	}
+	return api.Record{ID: "started", Owner: caller, Argv: p.Argv, State: api.StateStarted}, nil
+}
+
+func (f *fakeService) Get(_ context.Context, caller api.Owner, p api.IDParams) (api.Record, error) {
+	return f.byID(caller, p.ID)
+}
+
+func (f *fakeService) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) (api.Record, error) {
+	if p.ID != "block" {
+		return f.byID(caller, p.ID)
+	}
+	f.record(caller)
+	select {
+	case <-f.release:
+		f.waitEnded <- nil
+		return api.Record{ID: "block", State: api.StateCleaned}, nil
+	case <-ctx.Done():
+		f.waitEnded <- ctx.Err()
+		return api.Record{}, ctx.Err()
+	}
+}
+
+func (f *fakeService) Cancel(_ context.Context, caller api.Owner, p api.CancelParams) (api.Record, error) {
+	f.cancelled <- p.ID
+	return f.byID(caller, p.ID)
+}
+
+func (f *fakeService) Signal(_ context.Context, caller api.Owner, p api.SignalParams) (api.Record, error) {
+	return f.byID(caller, p.ID)
+}
+
+func (f *fakeService) Write(_ context.Context, caller api.Owner, p api.WriteParams) (api.WriteResult, error) {
+	f.record(caller)
+	return api.WriteResult{Written: len(p.Data)}, nil
+}
+
+func (f *fakeService) List(_ context.Context, caller api.Owner, _ api.ListParams) (api.ListResult, error) {
+	f.record(caller)
+	return api.ListResult{Executions: []api.Record{}}, nil
+}
+
+func (f *fakeService) Output(_ context.Context, caller api.Owner, p api.OutputParams) (api.OutputResult, error) {
+	f.record(caller)
+	return api.OutputResult{Offset: p.Offset, NextOffset: p.Offset, EOF: true}, nil
+}
+
+func (f *fakeService) Follow(ctx context.Context, caller api.Owner, p api.FollowParams, notify func(string, any) bool) (api.Record, error) {
+	f.record(caller)
+	if f.follow == nil {
+		return api.Record{ID: p.ID, State: api.StateCleaned}, nil
+	}
+	return f.follow(ctx, p, notify)
+}
+
+func (f *fakeService) Info(context.Context) (api.Info, error) {
+	return api.Info{Version: "test", Backend: "pgroup"}, nil
+}
+
+// startServer serves svc on a socket in a temp dir until the test ends.
+func startServer(t *testing.T, svc Service, tune func(*Server)) (string, *Server) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "corrald.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	if testing.Verbose() {
+		log = log.Level(zerolog.DebugLevel)
+	}
+	srv := NewServer(svc, log)
+	if tune != nil {
+		tune(srv)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve returned %v, want ErrServerClosed", err)
+		}
+	})
+	return path, srv
+}
+
+// rawConn is a hand-driven client connection.
+type rawConn struct {
+	t  *testing.T
+	nc *net.UnixConn
+	br *bufio.Reader
+}
+
+func dialRaw(t *testing.T, path string) *rawConn {
+	t.Helper()
+	nc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return &rawConn{t: t, nc: nc, br: bufio.NewReaderSize(nc, 1<<16)}
+}
+
+func (r *rawConn) send(line string) {
+	r.t.Helper()
+	if _, err := r.nc.Write([]byte(line + "\n")); err != nil {
+		r.t.Fatalf("send %q: %v", line, err)
+	}
+}
+
+// read returns the next line, failing the test after timeout.
+func (r *rawConn) read(timeout time.Duration) (string, error) {
+	r.nc.SetReadDeadline(time.Now().Add(timeout))
+	defer r.nc.SetReadDeadline(time.Time{})
+	s, err := r.br.ReadString('\n')
+	return strings.TrimSuffix(s, "\n"), err
+}
+
+func (r *rawConn) mustRead() string {
+	r.t.Helper()
+	s, err := r.read(5 * time.Second)
+	if err != nil {
+		r.t.Fatalf("read: %v (got %q)", err, s)
+	}
+	return s
+}
+
+// wireResp is a response as a test sees it.
+type wireResp struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Method  string          `json:"method"`
+	Params  json.RawMessage `json:"params"`
+	Result  json.RawMessage `json:"result"`
+	Error   *struct {
+		Code    api.Code        `json:"code"`
+		Message string          `json:"message"`
+		Data    json.RawMessage `json:"data"`
+	} `json:"error"`
+}
+
+func decodeResp(t *testing.T, s string) wireResp {
+	t.Helper()
+	var r wireResp
+	if err := json.Unmarshal([]byte(s), &r); err != nil {
+		t.Fatalf("response %q is not a JSON object: %v", s, err)
+	}
+	if r.JSONRPC != "2.0" {
+		t.Fatalf("response %q: jsonrpc = %q, want 2.0", s, r.JSONRPC)
+	}
+	return r
+}

@@ -1,0 +1,117 @@
+package ipc
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/corral-dev/corral/api"
+)
+
+// handler decodes params, calls the Service and returns the result to encode.
+// It runs on the request's own goroutine.
+type handler func(ctx context.Context, rc *reqContext, params json.RawMessage) (any, error)
+
+// reqContext is what a handler knows about its caller.
+type reqContext struct {
+	svc    Service
+	caller api.Owner
+	// notify queues a daemon notification on the caller's connection without
+	// blocking; false means it was dropped. Only exec.follow uses it.
+	notify func(method string, params any) bool
+}
+
+// methods is the method table. Every method answers an *api.Error's Code and
+// Message when the Service returns one, and -32603 otherwise; params that do
+// not decode answer -32602 naming the field.
+var methods = map[string]handler{
+	// exec.start (api.StartParams) -> api.Record. Starts argv as the caller;
+	// a command that cannot be executed is a record with outcome
+	// "start_failed", not an error. stdin is base64.
+	"exec.start": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.StartParams
+		if err := decodeParams(raw, &p, "stdin"); err != nil {
+			return nil, err
+		}
+		return rc.svc.Start(ctx, rc.caller, p)
+	},
+	// exec.get (api.IDParams) -> api.Record. -32001 when the id does not
+	// exist or is not the caller's.
+	"exec.get": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.IDParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.Get(ctx, rc.caller, p)
+	},
+	// exec.wait (api.WaitParams) -> api.Record once cleaned, or the current
+	// record when timeout_ms passes first. Ends when the connection closes.
+	"exec.wait": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.WaitParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.Wait(ctx, rc.caller, p)
+	},
+	// exec.cancel (api.CancelParams) -> api.Record. Idempotent: a finished
+	// execution answers its record.
+	"exec.cancel": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.CancelParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.Cancel(ctx, rc.caller, p)
+	},
+	// exec.signal (api.SignalParams) -> api.Record. signal is a name such as
+	// "SIGINT"; target is "all" (default) or "main".
+	"exec.signal": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.SignalParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.Signal(ctx, rc.caller, p)
+	},
+	// exec.write (api.WriteParams) -> api.WriteResult. Writes base64 data to
+	// the stdin of an execution started with stdin_open; close ends it.
+	"exec.write": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.WriteParams
+		if err := decodeParams(raw, &p, "data"); err != nil {
+			return nil, err
+		}
+		return rc.svc.Write(ctx, rc.caller, p)
+	},
+	// exec.list (api.ListParams) -> api.ListResult: the caller's executions
+	// (all of them for root) filtered by state and labels.
+	"exec.list": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.ListParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.List(ctx, rc.caller, p)
+	},
+	// exec.output (api.OutputParams) -> api.OutputResult: kept output of one
+	// stream from offset; gap is true when offset fell in the dropped middle.
+	"exec.output": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.OutputParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.Output(ctx, rc.caller, p)
+	},
+	// exec.follow (api.FollowParams) -> api.Record when the execution is
+	// cleaned (or the connection closes). Meanwhile the connection carries
+	// exec.output, exec.state and exec.heartbeat notifications; they may be
+	// dropped when the client reads slowly (resume with exec.output from the
+	// last offset seen). Every notification accepted before the response is
+	// written before it.
+	"exec.follow": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.FollowParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.Follow(ctx, rc.caller, p, rc.notify)
+	},
+	// daemon.info (no params) -> api.Info.
+	"daemon.info": func(ctx context.Context, rc *reqContext, _ json.RawMessage) (any, error) {
+		return rc.svc.Info(ctx)
+	},
+}

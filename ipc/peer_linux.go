@@ -1,0 +1,83 @@
+package ipc
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/api"
+)
+
+// peerCred reads the connecting process's identity with SO_PEERCRED. The
+// kernel records it at connect(2), so it cannot be changed by the peer later.
+func peerCred(nc *net.UnixConn) (api.Owner, error) {
+	rc, err := nc.SyscallConn()
+	if err != nil {
+		return api.Owner{}, fmt.Errorf("peer credentials: %w", err)
+	}
+	var (
+		cred *unix.Ucred
+		serr error
+	)
+	if err := rc.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return api.Owner{}, fmt.Errorf("peer credentials: %w", err)
+	}
+	if serr != nil {
+		return api.Owner{}, fmt.Errorf("peer credentials: %w", os.NewSyscallError("getsockopt SO_PEERCRED", serr))
+	}
+	return api.Owner{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid}, nil
+}
+
+// hangupPoll is how often a half-closed connection is checked for the peer
+// having gone entirely.
+const hangupPoll = 100 * time.Millisecond
+
+// watchHangup cancels the connection's context once the peer has closed its
+// socket entirely. After read EOF a peer may still be waiting for answers
+// (it only shut down its write side: shutdown(SHUT_WR), as socat and nc do),
+// so EOF alone does not cancel anything; a closed peer sets POLLHUP on our
+// end (both directions shut down), which a zero-timeout poll reports without
+// consuming anything. The returned func stops the watch.
+func (c *conn) watchHangup() (stop func()) {
+	rc, err := c.nc.SyscallConn()
+	if err != nil {
+		c.cancel()
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(hangupPoll)
+		defer t.Stop()
+		for {
+			var hup bool
+			cerr := rc.Control(func(fd uintptr) {
+				fds := []unix.PollFd{{Fd: int32(fd)}}
+				n, perr := unix.Poll(fds, 0)
+				hup = perr == nil && n > 0 && fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
+			})
+			if cerr != nil || hup {
+				c.log.Debug().Msg("peer hung up; cancelling its requests")
+				c.cancel()
+				return
+			}
+			select {
+			case <-done:
+				return
+			case <-c.ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}

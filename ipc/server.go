@@ -1,0 +1,177 @@
+package ipc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Default per-connection limits of a Server.
+const (
+	DefaultMaxInFlight    = 128     // requests being handled per connection
+	DefaultNoteQueueLen   = 256     // queued notifications per connection
+	DefaultNoteQueueBytes = 4 << 20 // bytes of queued notifications per connection
+)
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("ipc: server closed")
+
+// Server serves corral's JSON-RPC 2.0 protocol on Unix stream sockets and
+// dispatches every request to a Service with the caller's SO_PEERCRED
+// identity.
+//
+// Ownership: Serve runs the accept loop on the caller's goroutine; each
+// connection then has one reader goroutine (framing, validation, dispatch),
+// one writer goroutine (the only one that writes to the socket, responses and
+// notifications in order) and one goroutine per request in flight. The limit
+// fields may be set only before the first Serve. Shutdown may be called from
+// any goroutine, once.
+type Server struct {
+	// MaxInFlight bounds the requests handled at once per connection; beyond
+	// it, and while as many responses wait for the writer, the connection is
+	// not read.
+	MaxInFlight int
+	// NoteQueueLen and NoteQueueBytes bound the notifications queued per
+	// connection; more are dropped (notify returns false).
+	NoteQueueLen   int
+	NoteQueueBytes int
+
+	svc Service
+	log zerolog.Logger
+
+	mu        sync.Mutex
+	listeners map[*net.UnixListener]struct{}
+	conns     map[*conn]struct{}
+	closing   bool
+	wg        sync.WaitGroup // one per connection goroutine
+}
+
+// NewServer returns a Server that dispatches to svc and logs to log.
+func NewServer(svc Service, log zerolog.Logger) *Server {
+	return &Server{
+		MaxInFlight:    DefaultMaxInFlight,
+		NoteQueueLen:   DefaultNoteQueueLen,
+		NoteQueueBytes: DefaultNoteQueueBytes,
+		svc:            svc,
+		log:            log,
+		listeners:      make(map[*net.UnixListener]struct{}),
+		conns:          make(map[*conn]struct{}),
+	}
+}
+
+// Serve accepts connections on l until Shutdown (then it returns
+// ErrServerClosed) or a permanent accept error. Serve does not close l on a
+// permanent error; Shutdown does close it. Serve may be called for several
+// listeners at once.
+func (s *Server) Serve(l *net.UnixListener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return ErrServerClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+
+	var backoff time.Duration
+	for {
+		nc, err := l.AcceptUnix()
+		if err != nil {
+			if s.isClosing() {
+				return ErrServerClosed
+			}
+			if temporaryAcceptError(err) {
+				// Out of fds or memory: wait and retry rather than spin or
+				// give up, as net/http does.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("accept failed")
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("accept on %s: %w", l.Addr(), err)
+		}
+		backoff = 0
+		s.startConn(nc)
+	}
+}
+
+func temporaryAcceptError(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// startConn reads the peer's credentials and starts the connection's
+// goroutines. A connection whose credentials cannot be read is closed: it
+// could not be authorised.
+func (s *Server) startConn(nc *net.UnixConn) {
+	owner, err := peerCred(nc)
+	if err != nil {
+		s.log.Error().Err(err).Msg("read peer credentials; closing connection")
+		_ = nc.Close()
+		return
+	}
+	c := newConn(s, nc, owner)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		_ = nc.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		c.serve()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+}
+
+// Shutdown closes every listener and every connection; the context passed to
+// in-flight Service calls is cancelled and their responses are discarded. It
+// waits for the connection goroutines to end, or for ctx.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for l := range s.listeners {
+		_ = l.Close()
+	}
+	for c := range s.conns {
+		c.abort()
+	}
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("ipc shutdown: %w", ctx.Err())
+	}
+}
