@@ -52,6 +52,9 @@ type Handle struct {
 // ErrClosed is returned by Handle methods called after Close.
 var ErrClosed = errors.New("shim: handle closed")
 
+// ErrAborted is returned by Release after Abort.
+var ErrAborted = errors.New("shim: aborted before release")
+
 // Wrap rewrites cmd so that starting it starts the shim, which runs
 // cfg.Argv with cfg.Env, and returns the Handle of the pipes shared with it.
 //
@@ -184,6 +187,9 @@ func (h *Handle) Release() error {
 	if !h.held || h.released {
 		return nil
 	}
+	if h.releaseW == nil {
+		return ErrAborted
+	}
 	h.released = true
 	w := h.releaseW
 	h.releaseW = nil
@@ -193,6 +199,22 @@ func (h *Handle) Release() error {
 		return fmt.Errorf("shim: release: %w", err)
 	}
 	return nil
+}
+
+// Abort makes a held shim that was not released exit with ExitParentGone
+// without running anything: it closes the release pipe unwritten. ErrFD
+// stays open (it then reaches EOF). A no-op after Release or Close, or when
+// not held. Use it when placing the child failed.
+func (h *Handle) Abort() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.releaseW != nil {
+		h.releaseW.Close()
+		h.releaseW = nil
+	}
+	// Also drop the parent's copy of the read end, so that a child that was
+	// never started cannot keep anything open.
+	h.closeChildEndsLocked()
 }
 
 // ErrFD is the read end of the exec-error pipe: non-blocking, close-on-exec,

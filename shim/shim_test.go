@@ -184,6 +184,25 @@ func TestCloseWithoutRelease(t *testing.T) {
 	}
 }
 
+func TestAbort(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "ran")
+	r := start(t, shim.Config{Argv: []string{"touch", marker}, Env: []string{testPath}, Hold: true}, nil)
+	r.h.Abort()
+	if report, err := r.h.WaitExec(10 * time.Second); report != nil || err != nil {
+		t.Errorf("WaitExec after Abort = %+v, %v; want EOF (nil, nil)", report, err)
+	}
+	r.cmd.Wait()
+	if code := r.cmd.ProcessState.ExitCode(); code != shim.ExitParentGone {
+		t.Errorf("exit = %d, want %d", code, shim.ExitParentGone)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("command ran although the shim was aborted")
+	}
+	if err := r.h.Release(); !errors.Is(err, shim.ErrAborted) {
+		t.Errorf("Release after Abort = %v, want ErrAborted", err)
+	}
+}
+
 func TestExecFailures(t *testing.T) {
 	dir := t.TempDir()
 	notExec := filepath.Join(dir, "notexec")
