@@ -1,0 +1,715 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/rs/zerolog"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+)
+
+// FileName is the database file inside the state directory.
+const FileName = "corral.db"
+
+// Synchronous settings for Options.Synchronous.
+const (
+	// SyncFull fsyncs the WAL on every commit: an acknowledged write
+	// survives a kill -9 of the daemon and a power loss. Group commit pays
+	// one fsync per batch, not per write. The default.
+	SyncFull = "FULL"
+	// SyncNormal leaves the WAL to the page cache until a checkpoint: an
+	// acknowledged write survives a kill -9 of the daemon, not a power loss
+	// or kernel crash.
+	SyncNormal = "NORMAL"
+)
+
+// Options tune Open. Zero fields mean the default.
+type Options struct {
+	Synchronous string        // SyncFull (default) or SyncNormal
+	MaxBatch    int           // writes per transaction (group commit); default 512
+	BusyTimeout time.Duration // how long a statement waits for a lock; default 5s
+	ReadConns   int           // read pool size; default 4
+}
+
+// Stats counts the writer's work, for tests, benchmarks and daemon.info.
+type Stats struct {
+	Commits  int64 // transactions committed
+	Writes   int64 // write requests committed
+	Failures int64 // transactions that failed (each failed write is retried alone once)
+}
+
+// SQLite is the Store kept in a SQLite database in WAL mode. One writer
+// goroutine owns the write connection: it takes every queued write (up to
+// MaxBatch) into one transaction, commits it, then answers each write's
+// channel (group commit). Reads use a separate pool of read-only connections
+// and run concurrently with the writer. All methods are safe for concurrent
+// use by any goroutine; the write methods never block on disk.
+type SQLite struct {
+	path     string
+	log      zerolog.Logger
+	maxBatch int
+
+	wdb  *sql.DB   // owns conn; closed by Close
+	conn *sql.Conn // the write connection; used only by the writer goroutine after Open
+	rdb  *sql.DB   // read pool
+
+	stmtInsert, stmtUpdate, stmtState, stmtOutput, stmtSaveOutput *sql.Stmt
+	stmtDelOutputs, stmtDelExecs                                  *sql.Stmt
+
+	mu      sync.Mutex // guards queue and closing
+	queue   []writeOp
+	closing bool
+	wake    chan struct{} // capacity 1: coalesces wake-ups of the writer
+	stopped chan struct{} // closed when the writer goroutine has returned
+
+	healthMu sync.Mutex
+	health   error
+
+	commits, writes, failures atomic.Int64
+}
+
+var _ Store = (*SQLite)(nil)
+
+// Open opens (creating if needed) the store at <dir>/corral.db with the
+// default Options. See OpenOptions.
+func Open(dir string, log zerolog.Logger) (*SQLite, error) {
+	return OpenOptions(dir, log, Options{})
+}
+
+// OpenOptions opens (creating dir and the database if needed, mode 0700 and
+// 0600) the store at <dir>/corral.db, migrates its schema to SchemaVersion
+// and starts the writer goroutine. A file that is not a SQLite database, a
+// corrupt one, or one with a newer schema is an error: nothing is written to
+// it.
+func OpenOptions(dir string, log zerolog.Logger, o Options) (*SQLite, error) {
+	if o.Synchronous == "" {
+		o.Synchronous = SyncFull
+	}
+	if o.Synchronous != SyncFull && o.Synchronous != SyncNormal {
+		return nil, fmt.Errorf("open store: synchronous %q: want %s or %s", o.Synchronous, SyncFull, SyncNormal)
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 512
+	}
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = 5 * time.Second
+	}
+	if o.ReadConns <= 0 {
+		o.ReadConns = 4
+	}
+	path := filepath.Join(dir, FileName)
+	if strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("open store %s: path must not contain '?' or '#'", path)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	// Create the file ourselves so that it (and the -wal and -shm files,
+	// which SQLite creates with the database's mode) is not world-readable:
+	// records hold command lines and labels.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	f.Close()
+
+	s := &SQLite{
+		path:     path,
+		log:      log,
+		maxBatch: o.MaxBatch,
+		wake:     make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
+	}
+	if err := s.open(o); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	go s.writer()
+	log.Info().Str("path", path).Str("synchronous", o.Synchronous).Int("schema", SchemaVersion).Msg("store opened")
+	return s, nil
+}
+
+func (s *SQLite) open(o Options) error {
+	ctx := context.Background()
+	busy := fmt.Sprintf("_pragma=busy_timeout(%d)", o.BusyTimeout.Milliseconds())
+	var err error
+	s.wdb, err = sql.Open("sqlite", s.path+"?"+busy+
+		"&_pragma=journal_mode(WAL)&_pragma=synchronous("+o.Synchronous+")")
+	if err != nil {
+		return err
+	}
+	s.wdb.SetMaxOpenConns(1)
+	s.conn, err = s.wdb.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	var mode string
+	if err := s.conn.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return fmt.Errorf("read journal mode: %w", err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return fmt.Errorf("journal mode is %q, want wal", mode)
+	}
+	// quick_check reads every page: cheap for a database that retention
+	// keeps small, and a corrupt file is found now rather than mid-run.
+	var check string
+	if err := s.conn.QueryRowContext(ctx, "PRAGMA quick_check").Scan(&check); err != nil {
+		return fmt.Errorf("check database: %w", err)
+	}
+	if check != "ok" {
+		return fmt.Errorf("database is corrupt: %s", check)
+	}
+	if err := migrate(ctx, s.conn); err != nil {
+		return err
+	}
+	prep := func(dst **sql.Stmt, q string) {
+		if err != nil {
+			return
+		}
+		*dst, err = s.conn.PrepareContext(ctx, q)
+	}
+	prep(&s.stmtInsert, `INSERT INTO executions
+		(id, owner_uid, state, outcome, created_at, cleaned_at, labels, argv, params, record)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`)
+	prep(&s.stmtUpdate, `UPDATE executions SET
+		owner_uid = ?, state = ?, outcome = ?, created_at = ?, cleaned_at = ?, labels = ?, argv = ?, record = ?
+		WHERE id = ? AND state <= ?`)
+	prep(&s.stmtState, `SELECT state FROM executions WHERE id = ?`)
+	prep(&s.stmtOutput, `INSERT OR REPLACE INTO outputs (id, stream, head, tail, tail_offset, total)
+		VALUES (?, ?, ?, ?, ?, ?)`)
+	prep(&s.stmtSaveOutput, `INSERT OR REPLACE INTO outputs (id, stream, head, tail, tail_offset, total)
+		SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM executions WHERE id = ?)`)
+	prep(&s.stmtDelOutputs, `DELETE FROM outputs WHERE id IN
+		(SELECT id FROM executions WHERE state = ? AND cleaned_at < ?)`)
+	prep(&s.stmtDelExecs, `DELETE FROM executions WHERE state = ? AND cleaned_at < ?`)
+	if err != nil {
+		return fmt.Errorf("prepare: %w", err)
+	}
+
+	s.rdb, err = sql.Open("sqlite", s.path+"?"+busy+"&_pragma=query_only(1)")
+	if err != nil {
+		return err
+	}
+	s.rdb.SetMaxOpenConns(o.ReadConns)
+	s.rdb.SetMaxIdleConns(o.ReadConns)
+	return s.rdb.PingContext(ctx)
+}
+
+// Path returns the database file.
+func (s *SQLite) Path() string { return s.path }
+
+// Stats returns the writer's counters.
+func (s *SQLite) Stats() Stats {
+	return Stats{Commits: s.commits.Load(), Writes: s.writes.Load(), Failures: s.failures.Load()}
+}
+
+// Health returns nil, or the last write error while no write has succeeded
+// since.
+func (s *SQLite) Health() error {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	return s.health
+}
+
+func (s *SQLite) setHealth(err error) {
+	s.healthMu.Lock()
+	prev := s.health
+	s.health = err
+	s.healthMu.Unlock()
+	switch {
+	case err != nil && prev == nil:
+		s.log.Error().Err(err).Str("path", s.path).Msg("store degraded: write failed")
+	case err == nil && prev != nil:
+		s.log.Info().Str("path", s.path).Msg("store healthy again")
+	}
+}
+
+// Close waits for queued writes, stops the writer and closes the database.
+func (s *SQLite) Close() error {
+	s.mu.Lock()
+	already := s.closing
+	s.closing = true
+	s.mu.Unlock()
+	if already {
+		<-s.stopped
+		return nil
+	}
+	s.signal()
+	<-s.stopped
+	if err := s.closeDBs(); err != nil {
+		return fmt.Errorf("close store %s: %w", s.path, err)
+	}
+	return nil
+}
+
+func (s *SQLite) closeDBs() error {
+	var errs []error
+	for _, st := range []*sql.Stmt{s.stmtInsert, s.stmtUpdate, s.stmtState, s.stmtOutput,
+		s.stmtSaveOutput, s.stmtDelOutputs, s.stmtDelExecs} {
+		if st != nil {
+			errs = append(errs, st.Close())
+		}
+	}
+	if s.conn != nil {
+		errs = append(errs, s.conn.Close())
+	}
+	if s.wdb != nil {
+		errs = append(errs, s.wdb.Close())
+	}
+	if s.rdb != nil {
+		errs = append(errs, s.rdb.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// writeOp is one queued write. apply runs inside the batch transaction on
+// the writer goroutine and returns only statement errors (which fail the
+// transaction); outcomes such as "already exists" are kept in the op. finish
+// answers the caller: err is nil once the transaction committed.
+type writeOp interface {
+	apply(ctx context.Context, s *SQLite) error
+	finish(err error)
+}
+
+func (s *SQLite) enqueue(op writeOp) bool {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return false
+	}
+	s.queue = append(s.queue, op)
+	s.mu.Unlock()
+	s.signal()
+	return true
+}
+
+func (s *SQLite) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take removes up to maxBatch queued writes.
+func (s *SQLite) take() (ops []writeOp, closing bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(len(s.queue), s.maxBatch)
+	ops = make([]writeOp, n)
+	copy(ops, s.queue)
+	rest := copy(s.queue, s.queue[n:])
+	clear(s.queue[rest:])
+	s.queue = s.queue[:rest]
+	return ops, s.closing
+}
+
+// writer is the goroutine that owns the write connection. While it commits
+// one batch the next one queues up, so the number of commits (fsyncs) per
+// second stays bounded while writes per commit grow with load.
+func (s *SQLite) writer() {
+	defer close(s.stopped)
+	for {
+		ops, closing := s.take()
+		if len(ops) == 0 {
+			if closing {
+				return
+			}
+			<-s.wake
+			continue
+		}
+		s.runBatch(ops)
+	}
+}
+
+func (s *SQLite) runBatch(ops []writeOp) {
+	err := s.commit(ops)
+	if err != nil && len(ops) > 1 {
+		// One bad write must not fail the others: retry each alone.
+		s.log.Warn().Err(err).Int("writes", len(ops)).Msg("store batch failed; retrying writes one by one")
+		for _, op := range ops {
+			op.finish(s.commit([]writeOp{op}))
+		}
+		return
+	}
+	for _, op := range ops {
+		op.finish(err)
+	}
+}
+
+// commit applies ops in one transaction. On failure nothing of it is kept.
+func (s *SQLite) commit(ops []writeOp) (err error) {
+	ctx := context.Background()
+	defer func() {
+		if err != nil {
+			s.failures.Add(1)
+			// COMMIT may fail leaving the transaction open (SQLITE_BUSY)
+			// or already rolled back (SQLITE_FULL): roll back either way
+			// so the connection is usable for the next batch.
+			_, _ = s.conn.ExecContext(ctx, "ROLLBACK")
+			s.setHealth(err)
+		}
+	}()
+	if _, err := s.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return fmt.Errorf("store %s: begin: %w", s.path, err)
+	}
+	for _, op := range ops {
+		if err := op.apply(ctx, s); err != nil {
+			return fmt.Errorf("store %s: %w", s.path, err)
+		}
+	}
+	if _, err := s.conn.ExecContext(ctx, "COMMIT"); err != nil {
+		return fmt.Errorf("store %s: commit: %w", s.path, err)
+	}
+	s.commits.Add(1)
+	s.writes.Add(int64(len(ops)))
+	s.setHealth(nil)
+	return nil
+}
+
+// --- writes ---
+
+type createOp struct {
+	rec    api.Record
+	row    []any
+	exists bool
+	ch     chan error
+}
+
+func (s *SQLite) Create(rec api.Record, params []byte) <-chan error {
+	b, err := encodeRecord(rec)
+	if err != nil {
+		return done(err)
+	}
+	labels, argv, err := encodeColumns(rec)
+	if err != nil {
+		return done(err)
+	}
+	op := &createOp{rec: rec, ch: make(chan error, 1), row: []any{
+		rec.ID, int64(rec.Owner.UID), int(rec.State), outcomeCol(rec), rec.CreatedAt.UnixNano(),
+		nanos(cleanedAt(rec, time.Now())), labels, argv, params, string(b),
+	}}
+	if !s.enqueue(op) {
+		return done(fmt.Errorf("create %s: %w", rec.ID, ErrClosed))
+	}
+	return op.ch
+}
+
+func (op *createOp) apply(ctx context.Context, s *SQLite) error {
+	res, err := s.stmtInsert.ExecContext(ctx, op.row...)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", op.rec.ID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("create %s: %w", op.rec.ID, err)
+	}
+	op.exists = n == 0
+	return nil
+}
+
+func (op *createOp) finish(err error) {
+	if err == nil && op.exists {
+		err = fmt.Errorf("create %s: %w", op.rec.ID, ErrExists)
+	}
+	op.ch <- err
+}
+
+type transitionOp struct {
+	id   string
+	from api.State
+	to   api.State
+	row  []any
+	outs []Output
+	res  Result
+	ch   chan Result
+}
+
+func (s *SQLite) Transition(from api.State, rec api.Record, outs ...Output) <-chan Result {
+	if err := checkTransition(from, rec, outs); err != nil {
+		return done(Result{Err: err})
+	}
+	b, err := encodeRecord(rec)
+	if err != nil {
+		return done(Result{Err: err})
+	}
+	labels, argv, err := encodeColumns(rec)
+	if err != nil {
+		return done(Result{Err: err})
+	}
+	op := &transitionOp{id: rec.ID, from: from, to: rec.State, outs: outs, ch: make(chan Result, 1), row: []any{
+		int64(rec.Owner.UID), int(rec.State), outcomeCol(rec), rec.CreatedAt.UnixNano(),
+		nanos(cleanedAt(rec, time.Now())), labels, argv, string(b),
+		rec.ID, int(from),
+	}}
+	if !s.enqueue(op) {
+		return done(Result{Err: fmt.Errorf("transition %s: %w", rec.ID, ErrClosed)})
+	}
+	return op.ch
+}
+
+func (op *transitionOp) apply(ctx context.Context, s *SQLite) error {
+	op.res = Result{}
+	res, err := s.stmtUpdate.ExecContext(ctx, op.row...)
+	if err != nil {
+		return fmt.Errorf("transition %s %s -> %s: %w", op.id, op.from, op.to, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("transition %s: %w", op.id, err)
+	}
+	if n == 0 {
+		var st int
+		err := s.stmtState.QueryRowContext(ctx, op.id).Scan(&st)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("transition %s: read state: %w", op.id, err)
+		}
+		op.res.State = api.State(st)
+		return nil
+	}
+	op.res = Result{Applied: true, State: op.to}
+	for _, o := range op.outs {
+		k := o.Kept
+		if _, err := s.stmtOutput.ExecContext(ctx, op.id, o.Stream, k.Head, k.Tail, k.TailOffset, k.Total); err != nil {
+			return fmt.Errorf("transition %s: save %s: %w", op.id, o.Stream, err)
+		}
+	}
+	return nil
+}
+
+func (op *transitionOp) finish(err error) {
+	if err != nil {
+		op.ch <- Result{Err: err}
+		return
+	}
+	op.ch <- op.res
+}
+
+type saveOutputOp struct {
+	id      string
+	out     Output
+	missing bool
+	ch      chan error
+}
+
+func (s *SQLite) SaveOutput(id string, out Output) <-chan error {
+	if err := checkStream(out.Stream); err != nil {
+		return done(fmt.Errorf("save output %s: %w", id, err))
+	}
+	op := &saveOutputOp{id: id, out: out, ch: make(chan error, 1)}
+	if !s.enqueue(op) {
+		return done(fmt.Errorf("save output %s: %w", id, ErrClosed))
+	}
+	return op.ch
+}
+
+func (op *saveOutputOp) apply(ctx context.Context, s *SQLite) error {
+	k := op.out.Kept
+	res, err := s.stmtSaveOutput.ExecContext(ctx, op.id, op.out.Stream, k.Head, k.Tail, k.TailOffset, k.Total, op.id)
+	if err != nil {
+		return fmt.Errorf("save output %s %s: %w", op.id, op.out.Stream, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("save output %s: %w", op.id, err)
+	}
+	op.missing = n == 0
+	return nil
+}
+
+func (op *saveOutputOp) finish(err error) {
+	if err == nil && op.missing {
+		err = fmt.Errorf("save output %s: %w", op.id, ErrNotFound)
+	}
+	op.ch <- err
+}
+
+type deleteOp struct {
+	before int64
+	n      int
+	ch     chan deleteResult
+}
+
+type deleteResult struct {
+	n   int
+	err error
+}
+
+// DeleteCleanedBefore queues the deletion like any write and waits for it.
+func (s *SQLite) DeleteCleanedBefore(t time.Time) (int, error) {
+	op := &deleteOp{before: t.UnixNano(), ch: make(chan deleteResult, 1)}
+	if !s.enqueue(op) {
+		return 0, fmt.Errorf("delete cleaned: %w", ErrClosed)
+	}
+	r := <-op.ch
+	return r.n, r.err
+}
+
+func (op *deleteOp) apply(ctx context.Context, s *SQLite) error {
+	if _, err := s.stmtDelOutputs.ExecContext(ctx, int(api.StateCleaned), op.before); err != nil {
+		return fmt.Errorf("delete cleaned outputs: %w", err)
+	}
+	res, err := s.stmtDelExecs.ExecContext(ctx, int(api.StateCleaned), op.before)
+	if err != nil {
+		return fmt.Errorf("delete cleaned: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("delete cleaned: %w", err)
+	}
+	op.n = int(n)
+	return nil
+}
+
+func (op *deleteOp) finish(err error) {
+	if err != nil {
+		op.ch <- deleteResult{err: err}
+		return
+	}
+	op.ch <- deleteResult{n: op.n}
+}
+
+// --- reads ---
+
+func (s *SQLite) Get(id string) (api.Record, bool, error) {
+	var b []byte
+	err := s.rdb.QueryRow(`SELECT record FROM executions WHERE id = ?`, id).Scan(&b)
+	if errors.Is(err, sql.ErrNoRows) {
+		return api.Record{}, false, nil
+	}
+	if err != nil {
+		return api.Record{}, false, fmt.Errorf("get %s: %w", id, err)
+	}
+	rec, err := decodeRecord(b)
+	if err != nil {
+		return api.Record{}, false, fmt.Errorf("get %s: %w", id, err)
+	}
+	return rec, true, nil
+}
+
+func (s *SQLite) Params(id string) ([]byte, bool, error) {
+	var b []byte
+	err := s.rdb.QueryRow(`SELECT params FROM executions WHERE id = ?`, id).Scan(&b)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("params %s: %w", id, err)
+	}
+	return b, true, nil
+}
+
+func (s *SQLite) Output(id, stream string) (KeptOutput, bool, error) {
+	var k KeptOutput
+	err := s.rdb.QueryRow(`SELECT head, tail, tail_offset, total FROM outputs WHERE id = ? AND stream = ?`, id, stream).
+		Scan(&k.Head, &k.Tail, &k.TailOffset, &k.Total)
+	if errors.Is(err, sql.ErrNoRows) {
+		return KeptOutput{}, false, nil
+	}
+	if err != nil {
+		return KeptOutput{}, false, fmt.Errorf("output %s %s: %w", id, stream, err)
+	}
+	return k, true, nil
+}
+
+func (s *SQLite) List(f ListFilter) ([]api.Record, error) {
+	var where []string
+	var args []any
+	if f.OwnerUID != nil {
+		where = append(where, "owner_uid = ?")
+		args = append(args, int64(*f.OwnerUID))
+	}
+	if f.State != nil {
+		where = append(where, "state = ?")
+		args = append(args, int(*f.State))
+	}
+	for k, v := range f.Labels {
+		where = append(where, "EXISTS (SELECT 1 FROM json_each(executions.labels) WHERE key = ? AND value = ?)")
+		args = append(args, k, v)
+	}
+	q := `SELECT record FROM executions`
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY created_at DESC, id DESC"
+	if f.Limit > 0 {
+		q += " LIMIT ?"
+		args = append(args, f.Limit)
+	}
+	recs, err := s.queryRecords(q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	return recs, nil
+}
+
+func (s *SQLite) Unfinished() ([]api.Record, error) {
+	recs, err := s.queryRecords(`SELECT record FROM executions WHERE state IN (?, ?, ?, ?) ORDER BY created_at, id`,
+		int(unfinishedStates[0]), int(unfinishedStates[1]), int(unfinishedStates[2]), int(unfinishedStates[3]))
+	if err != nil {
+		return nil, fmt.Errorf("unfinished: %w", err)
+	}
+	return recs, nil
+}
+
+func (s *SQLite) queryRecords(q string, args ...any) ([]api.Record, error) {
+	rows, err := s.rdb.Query(q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var recs []api.Record
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return nil, err
+		}
+		rec, err := decodeRecord(b)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	return recs, rows.Err()
+}
+
+// --- column helpers ---
+
+func encodeColumns(rec api.Record) (labels, argv string, err error) {
+	l := rec.Labels
+	if l == nil {
+		l = map[string]string{}
+	}
+	lb, err := json.Marshal(l)
+	if err != nil {
+		return "", "", fmt.Errorf("encode labels of %s: %w", rec.ID, err)
+	}
+	ab, err := json.Marshal(rec.Argv)
+	if err != nil {
+		return "", "", fmt.Errorf("encode argv of %s: %w", rec.ID, err)
+	}
+	return string(lb), string(ab), nil
+}
+
+func outcomeCol(rec api.Record) any {
+	if rec.Outcome == nil {
+		return nil
+	}
+	return string(*rec.Outcome)
+}
+
+func nanos(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return t.UnixNano()
+}

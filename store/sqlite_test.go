@@ -1,0 +1,461 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/rs/zerolog"
+)
+
+func TestReopen(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state") // Open creates it
+	s, err := Open(dir, testLogger(t))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	rec := newRecord("keep", 1000, 0, map[string]string{"k": "v"})
+	mustCreate(t, s, rec)
+	fin := finished(rec, nil)
+	out := KeptOutput{Head: []byte("head"), Tail: []byte("tail"), TailOffset: 100, Total: 104}
+	mustTransition(t, s, api.StateStarted, fin, Output{Stdout, out})
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+
+	for _, name := range []string{dir, filepath.Join(dir, FileName)} {
+		fi, err := os.Stat(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+			t.Errorf("%s mode = %v, want no access for group and others", name, perm)
+		}
+	}
+
+	s2 := openTemp(t, dir)
+	if got := mustGet(t, s2, "keep"); jsonOf(t, got) != jsonOf(t, fin) {
+		t.Errorf("after reopen Get = %s, want %s", jsonOf(t, got), jsonOf(t, fin))
+	}
+	if got, ok, err := s2.Output("keep", Stdout); err != nil || !ok || !keptEqual(got, out) {
+		t.Errorf("after reopen Output = %+v, %v, %v; want %+v", got, ok, err, out)
+	}
+	if got, _ := s2.List(ListFilter{Labels: map[string]string{"k": "v"}}); ids(got) != "keep" {
+		t.Errorf("after reopen List(label) = %q, want keep", ids(got))
+	}
+	if err := <-s2.Create(newRecord("keep", 1000, 0, nil), nil); !errors.Is(err, ErrExists) {
+		t.Errorf("after reopen Create(known id) = %v, want ErrExists (idempotency keys survive restarts)", err)
+	}
+	var version int
+	if err := s2.rdb.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&version); err != nil || version != SchemaVersion {
+		t.Errorf("schema version = %d, %v; want %d", version, err, SchemaVersion)
+	}
+}
+
+func TestGroupCommit(t *testing.T) {
+	s := openTemp(t, t.TempDir())
+	const n = 1000
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			rec := newRecord(fmt.Sprintf("g%d", i), 1000, i, nil)
+			if err := <-s.Create(rec, nil); err != nil {
+				errs <- err
+				return
+			}
+			rec.State = api.StateRunning
+			if r := <-s.Transition(api.StateStarted, rec); r.Err != nil || !r.Applied {
+				errs <- fmt.Errorf("transition %s: %+v", rec.ID, r)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if st.Writes != 2*n {
+		t.Errorf("Stats().Writes = %d, want %d", st.Writes, 2*n)
+	}
+	// Every write waited for its own fsync, yet far fewer commits ran.
+	if st.Commits > st.Writes/4 {
+		t.Errorf("Stats().Commits = %d for %d writes, want at most %d (group commit)", st.Commits, st.Writes, st.Writes/4)
+	}
+	t.Logf("%d writes in %d commits", st.Writes, st.Commits)
+	got, err := s.List(ListFilter{State: ptr(api.StateRunning)})
+	if err != nil || len(got) != n {
+		t.Errorf("List(running) = %d records, %v; want %d", len(got), err, n)
+	}
+}
+
+// TestOneBadWriteInABatch checks that a write failing inside a batch fails
+// alone: the others in the same transaction are retried and committed.
+func TestOneBadWriteInABatch(t *testing.T) {
+	s := openTemp(t, t.TempDir())
+	// Hold the writer inside a batch of its own so that every write below
+	// lands in the next batch.
+	gate := gateOp{entered: make(chan struct{}), release: make(chan struct{}), ch: make(chan error, 1)}
+	s.enqueue(gate)
+	<-gate.entered
+	var chans []<-chan error
+	for i := range 10 {
+		chans = append(chans, s.Create(newRecord(fmt.Sprintf("b%d", i), 1000, i, nil), nil))
+		if i == 5 {
+			op := failingOp{make(chan error, 1)}
+			s.enqueue(op)
+			chans = append(chans, op.ch)
+		}
+	}
+	close(gate.release)
+	if err := <-gate.ch; err != nil {
+		t.Fatalf("gate: %v", err)
+	}
+	for i, ch := range chans {
+		err := <-ch
+		if (i == 6) != (err != nil) {
+			t.Errorf("write %d = %v, want error only for the bad one (6)", i, err)
+		}
+	}
+	if got, _ := s.List(ListFilter{}); len(got) != 10 {
+		t.Errorf("List = %d records, want 10", len(got))
+	}
+	// The writes after the bad one succeeded: the store is healthy.
+	if err := s.Health(); err != nil {
+		t.Errorf("Health() = %v after later writes succeeded, want nil", err)
+	}
+	op := failingOp{make(chan error, 1)}
+	s.enqueue(op)
+	if err := <-op.ch; err == nil {
+		t.Fatalf("failing write succeeded")
+	}
+	if err := s.Health(); err == nil {
+		t.Errorf("Health() = nil after the last write failed, want the error")
+	}
+	mustCreate(t, s, newRecord("after", 1000, 0, nil))
+	if err := s.Health(); err != nil {
+		t.Errorf("Health() = %v after a successful write, want nil", err)
+	}
+}
+
+type failingOp struct{ ch chan error }
+
+func (op failingOp) apply(ctx context.Context, s *SQLite) error {
+	_, err := s.conn.ExecContext(ctx, `INSERT INTO no_such_table VALUES (1)`)
+	return err
+}
+func (op failingOp) finish(err error) { op.ch <- err }
+
+// gateOp is a write that holds the writer until release is closed.
+type gateOp struct {
+	entered, release chan struct{}
+	ch               chan error
+}
+
+func (op gateOp) apply(ctx context.Context, s *SQLite) error {
+	close(op.entered)
+	<-op.release
+	return nil
+}
+func (op gateOp) finish(err error) { op.ch <- err }
+
+func TestCorruptFile(t *testing.T) {
+	garbage := bytes.Repeat([]byte("this is not a sqlite database. "), 512)
+	for _, tc := range []struct {
+		name    string
+		content []byte
+		want    string
+	}{
+		{"garbage", garbage, "not a database"},
+		{"truncated header", []byte("SQLite format 3\x00\x10\x00"), "corral.db"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, FileName)
+			if err := os.WriteFile(path, tc.content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s, err := Open(dir, testLogger(t))
+			if err == nil {
+				s.Close()
+				t.Fatalf("Open(corrupt file) = nil error, want one")
+			}
+			t.Logf("Open(%s) = %v", tc.name, err)
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+				t.Errorf("Open(corrupt file) = %q, want it to name %s and say %q", err, path, tc.want)
+			}
+			if got, _ := os.ReadFile(path); !bytes.Equal(got, tc.content) {
+				t.Errorf("Open changed the corrupt file")
+			}
+		})
+	}
+}
+
+func TestNewerSchemaRefused(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	db, err := sql.Open("sqlite", filepath.Join(dir, FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec(`INSERT INTO schema_version VALUES (?, 0)`, SchemaVersion+1)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Open(dir, testLogger(t)); err == nil || !strings.Contains(err.Error(), "newer") {
+		if s != nil {
+			s.Close()
+		}
+		t.Errorf("Open(newer schema) = %v, want a 'newer' error", err)
+	}
+}
+
+// TestDiskFull fills a small tmpfs under the store: writes fail promptly with
+// the error, Health reports it, reads keep working, and once space is back
+// writes succeed and Health clears.
+func TestDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m,mode=0700"); err != nil {
+		t.Skipf("cannot mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	s := openTemp(t, dir) // closed before the unmount (cleanups run last-in first-out)
+	mustCreate(t, s, newRecord("before", 1000, 0, nil))
+
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("fill: %v", err)
+			}
+			break
+		}
+	}
+	f.Close()
+
+	big := bytes.Repeat([]byte("x"), 512<<10) // more than the WAL already holds
+	start := time.Now()
+	err = <-s.Create(newRecord("full", 1000, 1, nil), big)
+	if err == nil {
+		t.Fatalf("Create on a full disk = nil, want an error")
+	}
+	if !strings.Contains(err.Error(), "full") {
+		t.Errorf("Create on a full disk = %q, want it to say the disk is full", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Create on a full disk took %v, want a prompt error", d)
+	}
+	if h := s.Health(); h == nil {
+		t.Errorf("Health() = nil on a full disk, want the error")
+	}
+	if _, ok, _ := s.Get("full"); ok {
+		t.Errorf("failed Create left a record")
+	}
+	if _, ok, err := s.Get("before"); !ok || err != nil {
+		t.Errorf("Get on a full disk = %v, %v; want the earlier record", ok, err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, s, newRecord("after", 1000, 2, nil))
+	if h := s.Health(); h != nil {
+		t.Errorf("Health() = %v after space came back, want nil", h)
+	}
+}
+
+const crashChildEnv = "CORRAL_STORE_CRASH_CHILD"
+
+// crashChild runs in a re-executed test binary: it writes records as fast as
+// it can from several goroutines and prints "<id> <state>" for every write
+// acknowledged as durable, until it is killed.
+func crashChild(dir string) {
+	log := zerolog.New(os.Stderr)
+	s, err := Open(dir, log)
+	if err != nil {
+		log.Fatal().Err(err).Msg("open")
+	}
+	var mu sync.Mutex
+	ack := func(id string, st api.State) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(os.Stdout, "%s %d\n", id, int(st))
+	}
+	for w := 0; ; w++ {
+		go func() {
+			for i := 0; ; i++ {
+				rec := newRecord(fmt.Sprintf("w%d-%d", w, i), 1000, i, nil)
+				if err := <-s.Create(rec, []byte(`{}`)); err != nil {
+					log.Fatal().Err(err).Msg("create")
+				}
+				ack(rec.ID, rec.State)
+				rec.State = api.StateRunning
+				if r := <-s.Transition(api.StateStarted, rec); r.Err != nil || !r.Applied {
+					log.Fatal().Err(r.Err).Msg("transition")
+				}
+				ack(rec.ID, rec.State)
+				rec = finished(rec, nil)
+				out := Output{Stdout, KeptOutput{Head: []byte(rec.ID), TailOffset: int64(len(rec.ID)), Total: int64(len(rec.ID))}}
+				if r := <-s.Transition(api.StateRunning, rec, out); r.Err != nil || !r.Applied {
+					log.Fatal().Err(r.Err).Msg("transition")
+				}
+				ack(rec.ID, rec.State)
+			}
+		}()
+		if w == 7 {
+			select {}
+		}
+	}
+}
+
+// TestCrashDurability kills a writing process with SIGKILL and checks that
+// every write it saw acknowledged is in the database afterwards.
+func TestCrashDurability(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+
+	acked := map[string]api.State{}
+	sc := bufio.NewScanner(stdout)
+	for len(acked) < 300 && sc.Scan() {
+		var id string
+		var st int
+		if _, err := fmt.Sscanf(sc.Text(), "%s %d", &id, &st); err != nil {
+			t.Fatalf("child wrote %q: %v", sc.Text(), err)
+		}
+		acked[id] = api.State(st)
+	}
+	if len(acked) < 300 {
+		t.Fatalf("child stopped after %d acknowledged records; stderr: %s", len(acked), stderr.String())
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	// Acknowledgements already in the pipe count too.
+	for sc.Scan() {
+		var id string
+		var st int
+		if _, err := fmt.Sscanf(sc.Text(), "%s %d", &id, &st); err == nil {
+			acked[id] = api.State(st)
+		}
+	}
+	cmd.Wait()
+	killed = true
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child ended with %v, want SIGKILL; stderr: %s", cmd.ProcessState, stderr.String())
+	}
+
+	s := openTemp(t, dir)
+	for id, st := range acked {
+		rec, ok, err := s.Get(id)
+		if err != nil || !ok {
+			t.Errorf("acknowledged record %s missing after kill -9 (ok %v, err %v)", id, ok, err)
+			continue
+		}
+		if rec.State < st {
+			t.Errorf("record %s state = %s after kill -9, want at least the acknowledged %s", id, rec.State, st)
+		}
+		if rec.State == api.StateExited {
+			if out, ok, _ := s.Output(id, Stdout); !ok || string(out.Head) != id {
+				t.Errorf("record %s exited without its output (%q, %v)", id, out.Head, ok)
+			}
+		}
+	}
+	t.Logf("%d acknowledged records all present after SIGKILL", len(acked))
+}
+
+// BenchmarkTransitions measures durable transitions per second with many
+// concurrent writers (as many executions changing state at once).
+func BenchmarkTransitions(b *testing.B) {
+	for _, sync := range []string{SyncFull, SyncNormal} {
+		b.Run("sync="+sync, func(b *testing.B) {
+			s, err := OpenOptions(b.TempDir(), zerolog.Nop(), Options{Synchronous: sync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			const records = 256
+			recs := make(chan api.Record, records)
+			for i := range records {
+				rec := newRecord(fmt.Sprintf("bench%d", i), 1000, i, map[string]string{"tool_call": "bench"})
+				rec.Argv = []string{"python3", "-c", "print('hello world')"}
+				if err := <-s.Create(rec, nil); err != nil {
+					b.Fatal(err)
+				}
+				rec.State = api.StateRunning
+				if r := <-s.Transition(api.StateStarted, rec); r.Err != nil {
+					b.Fatal(r.Err)
+				}
+				recs <- rec
+			}
+			before := s.Stats()
+			b.SetParallelism(64)
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					rec := <-recs
+					rec.Usage.CPUUserMS++ // an update in place: running -> running
+					if r := <-s.Transition(api.StateRunning, rec); r.Err != nil || !r.Applied {
+						b.Errorf("transition: %+v", r)
+					}
+					recs <- rec
+				}
+			})
+			b.StopTimer()
+			st := s.Stats()
+			writes, commits := st.Writes-before.Writes, st.Commits-before.Commits
+			b.ReportMetric(float64(writes)/time.Since(start).Seconds(), "transitions/s")
+			if commits > 0 {
+				b.ReportMetric(float64(writes)/float64(commits), "writes/commit")
+			}
+		})
+	}
+}

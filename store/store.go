@@ -1,0 +1,271 @@
+// Package store is corral's durable execution store: every execution record,
+// its start params and the kept output of finished executions, so that records
+// and idempotency keys survive a daemon restart.
+//
+// The default implementation is SQLite (modernc.org/sqlite, pure Go) in WAL
+// mode at <state-dir>/corral.db, opened with Open. NewMemory is the same
+// contract without a disk, for tests and runs without a state directory.
+//
+// Writes are asynchronous: Create, Transition and SaveOutput queue the write
+// and return at once with a buffered channel (capacity 1) that receives the
+// answer once the write is durable. They never block on disk, so the reactor
+// may call them from its loop goroutine; it must tell waiting clients about a
+// transition only after the channel says so. Reads (Get, Output, List,
+// Unfinished) are synchronous, may run on any goroutine and may wait on disk,
+// so the loop should call them from a helper goroutine.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/rs/zerolog"
+)
+
+// Store is the interface the reactor consumes. All methods are safe for
+// concurrent use by any goroutine.
+//
+// Write ordering: writes are applied in the order their calls returned, so a
+// Transition queued after a Create of the same id always sees the record.
+type Store interface {
+	// Create queues the insertion of a new record (rec.State is normally
+	// started) with the exec.start params it came from (JSON, kept for audit
+	// and the idempotency comparison; may be nil). Ids are unique across all
+	// owners: a record with the same id, whoever owns it, answers ErrExists.
+	Create(rec api.Record, params []byte) <-chan error
+
+	// Transition queues a conditional update of the record rec.ID to rec,
+	// which the caller moved from state from to rec.State. It applies only
+	// when the stored record has not moved past from (stored state <= from),
+	// so a late or duplicate transition is a no-op and a record never moves
+	// backwards; a stored state behind from (an earlier write failed) catches
+	// up. rec.State must be a legal successor of from (see Legal), or from
+	// itself for an update without a state change; anything else answers
+	// ErrIllegal without writing. outs are written in the same transaction
+	// (typically the kept output with the exited transition).
+	Transition(from api.State, rec api.Record, outs ...Output) <-chan Result
+
+	// SaveOutput queues replacing the kept output of one stream of record id.
+	// It answers ErrNotFound when the record does not exist.
+	SaveOutput(id string, out Output) <-chan error
+
+	// Get returns the record id, whoever owns it; ok is false when there is
+	// none. Ownership checks are the caller's.
+	Get(id string) (rec api.Record, ok bool, err error)
+
+	// Params returns the exec.start params stored with record id.
+	Params(id string) (params []byte, ok bool, err error)
+
+	// Output returns the kept output of stream ("stdout" or "stderr") of
+	// record id; ok is false when none was saved.
+	Output(id, stream string) (out KeptOutput, ok bool, err error)
+
+	// List returns the records matching f, newest (created_at) first.
+	List(f ListFilter) ([]api.Record, error)
+
+	// Unfinished returns the records in started, running, canceling or
+	// exited, oldest first: what start-up recovery must settle.
+	Unfinished() ([]api.Record, error)
+
+	// DeleteCleanedBefore deletes the records (and their kept output) that
+	// reached cleaned before t and returns how many. It waits for the write
+	// to be durable, so it must not be called from the loop goroutine.
+	DeleteCleanedBefore(t time.Time) (int, error)
+
+	// Health returns nil, or the error of the last failed write while no
+	// write has succeeded since (the store is degraded).
+	Health() error
+
+	// Close waits for every queued write to finish, then releases the store.
+	// Writes queued after Close answer ErrClosed.
+	Close() error
+}
+
+// Result is the answer to a Transition.
+type Result struct {
+	// Applied is true when the record was updated; false when the stored
+	// record had already moved past from (a late or duplicate transition)
+	// or does not exist.
+	Applied bool
+	// State is the stored state after the call: rec.State when Applied,
+	// otherwise the state that prevented it (0 when there is no record).
+	State api.State
+	// Err is set when the write failed (nothing was written) or the
+	// transition is illegal.
+	Err error
+}
+
+// Stream names.
+const (
+	Stdout = "stdout"
+	Stderr = "stderr"
+)
+
+// KeptOutput is what is kept of one output stream: Head holds the stream's
+// bytes from offset 0, Tail the bytes from TailOffset, Total the number of
+// bytes the child wrote. When the stream was not truncated, Head holds it all
+// and Tail is empty (TailOffset == len(Head) == Total).
+type KeptOutput struct {
+	Head       []byte
+	Tail       []byte
+	TailOffset int64
+	Total      int64
+}
+
+// Output is the kept output of one stream of an execution.
+type Output struct {
+	Stream string // Stdout or Stderr
+	Kept   KeptOutput
+}
+
+// ListFilter selects records for List. Zero fields match everything.
+type ListFilter struct {
+	OwnerUID *uint32
+	State    *api.State
+	Labels   map[string]string // all must match
+	Limit    int               // 0 means no limit
+}
+
+// Errors. Each is wrapped with context; test with errors.Is.
+var (
+	// ErrExists answers Create for an id that is already stored.
+	ErrExists = errors.New("execution id already exists")
+	// ErrNotFound answers SaveOutput for an unknown id.
+	ErrNotFound = errors.New("execution not found")
+	// ErrIllegal answers a Transition whose target is not a legal
+	// successor of from.
+	ErrIllegal = errors.New("illegal state transition")
+	// ErrClosed answers writes queued after Close.
+	ErrClosed = errors.New("store closed")
+)
+
+// successors lists, for each state, the states a transition may move to.
+// started moves straight to exited when the child could not be started.
+var successors = map[api.State][]api.State{
+	api.StateStarted:   {api.StateRunning, api.StateExited},
+	api.StateRunning:   {api.StateCanceling, api.StateExited},
+	api.StateCanceling: {api.StateExited},
+	api.StateExited:    {api.StateCleaned},
+	api.StateCleaned:   nil, // terminal
+}
+
+// Legal reports whether a Transition from from to to is allowed: a move to a
+// successor, or an update in place of a state that is not terminal.
+func Legal(from, to api.State) bool {
+	next, ok := successors[from]
+	if !ok {
+		return false
+	}
+	if from == to {
+		return !from.Terminal()
+	}
+	for _, s := range next {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+func checkTransition(from api.State, rec api.Record, outs []Output) error {
+	if !Legal(from, rec.State) {
+		return fmt.Errorf("transition %s %s -> %s: %w", rec.ID, from, rec.State, ErrIllegal)
+	}
+	for _, o := range outs {
+		if err := checkStream(o.Stream); err != nil {
+			return fmt.Errorf("transition %s: %w", rec.ID, err)
+		}
+	}
+	return nil
+}
+
+func checkStream(s string) error {
+	if s != Stdout && s != Stderr {
+		return fmt.Errorf("unknown stream %q", s)
+	}
+	return nil
+}
+
+// unfinishedStates are the states recovery must settle.
+var unfinishedStates = []api.State{api.StateStarted, api.StateRunning, api.StateCanceling, api.StateExited}
+
+// cleanedAt is the time a cleaned record counts from for retention.
+func cleanedAt(rec api.Record, now time.Time) *time.Time {
+	if rec.State != api.StateCleaned {
+		return nil
+	}
+	if rec.CleanedAt != nil {
+		return rec.CleanedAt
+	}
+	return &now
+}
+
+func encodeRecord(rec api.Record) ([]byte, error) {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("encode record %s: %w", rec.ID, err)
+	}
+	return b, nil
+}
+
+func decodeRecord(b []byte) (api.Record, error) {
+	var rec api.Record
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return api.Record{}, fmt.Errorf("decode record: %w", err)
+	}
+	return rec, nil
+}
+
+func labelsMatch(have, want map[string]string) bool {
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			return false
+		}
+	}
+	return true
+}
+
+func done[T any](v T) <-chan T {
+	c := make(chan T, 1)
+	c <- v
+	return c
+}
+
+// DefaultSweepInterval is the sweep interval StartSweeper uses when given 0.
+func DefaultSweepInterval(retention time.Duration) time.Duration {
+	return min(max(retention/10, time.Second), time.Minute)
+}
+
+// StartSweeper starts a goroutine that deletes, every interval (0: the
+// default), the records cleaned more than retention ago. It stops when ctx
+// ends; the returned channel is closed once it has.
+func StartSweeper(ctx context.Context, s Store, log zerolog.Logger, retention, interval time.Duration) <-chan struct{} {
+	if interval <= 0 {
+		interval = DefaultSweepInterval(retention)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			n, err := s.DeleteCleanedBefore(time.Now().Add(-retention))
+			switch {
+			case err != nil:
+				log.Error().Err(err).Msg("retention sweep")
+			case n > 0:
+				log.Debug().Int("deleted", n).Dur("retention", retention).Msg("retention sweep")
+			}
+		}
+	}()
+	return stopped
+}
