@@ -1,0 +1,121 @@
+package reactor
+
+import (
+	"context"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/eventloop"
+)
+
+// follower is one exec.follow call. Created and used on the loop goroutine;
+// done is read by the calling goroutine.
+type follower struct {
+	send      func(method string, params any) bool
+	done      chan api.Record // buffered 1: the final record
+	heartbeat *eventloop.Timer
+	dropped   int
+	finished  bool
+}
+
+func (f *follower) notify(method string, params any) {
+	if !f.send(method, params) {
+		f.dropped++
+	}
+}
+
+func (f *follower) finish(rec api.Record) {
+	if f.finished {
+		return
+	}
+	f.finished = true
+	f.done <- rec
+}
+
+// followChunk bounds one backlog notification (before base64).
+const followChunk = 256 << 10
+
+// Follow implements exec.follow: the kept output from the given offsets,
+// then live output and state changes, heartbeats if asked, and the final
+// record once cleaned. A slow reader loses notifications, never the daemon's
+// memory: notify drops what its connection cannot take, and the client
+// resumes with exec.output.
+func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowParams, notify func(method string, params any) bool) (api.Record, error) {
+	if p.ID == "" {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	if p.StdoutOffset < 0 || p.StderrOffset < 0 || p.HeartbeatMS < 0 {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "stdout_offset, stderr_offset, heartbeat_ms: must not be negative")
+	}
+	f := &follower{send: notify, done: make(chan api.Record, 1)}
+	var (
+		e   *execution
+		err error
+	)
+	if lerr := r.onLoop(ctx, func() {
+		if e, err = r.lookup(caller, p.ID); err != nil {
+			return
+		}
+		// Backlog first, then the current state; live output follows in
+		// order because everything is sent from the loop goroutine.
+		for i, off := range []int64{p.StdoutOffset, p.StderrOffset} {
+			s := e.streams[i]
+			if s == nil {
+				continue
+			}
+			for off < s.kept.total {
+				data, start, _ := s.kept.read(off, followChunk)
+				if len(data) == 0 {
+					break
+				}
+				f.notify(api.NotifyOutput, api.OutputNotification{ID: e.id, Stream: s.name, Offset: start, Data: data})
+				off = start + int64(len(data))
+			}
+		}
+		rec := r.snapshot(e)
+		f.notify(api.NotifyState, api.StateNotification{Record: rec})
+		if e.state == api.StateCleaned {
+			f.finish(rec)
+			return
+		}
+		e.followers[f] = struct{}{}
+		if p.HeartbeatMS > 0 {
+			r.armHeartbeat(e, f, time.Duration(p.HeartbeatMS)*time.Millisecond)
+		}
+	}); lerr != nil {
+		return api.Record{}, lerr
+	}
+	if err != nil {
+		return api.Record{}, err
+	}
+	select {
+	case rec := <-f.done:
+		return rec, nil
+	case <-ctx.Done():
+		_ = r.onLoop(context.Background(), func() {
+			delete(e.followers, f)
+			if f.heartbeat != nil {
+				r.loop.StopTimer(f.heartbeat)
+			}
+		})
+		return api.Record{}, ctx.Err()
+	}
+}
+
+func (r *Reactor) armHeartbeat(e *execution, f *follower, every time.Duration) {
+	f.heartbeat = r.loop.AfterFunc(every, func() {
+		f.heartbeat = nil
+		if f.finished || e.state == api.StateCleaned {
+			return
+		}
+		if _, ok := e.followers[f]; !ok {
+			return
+		}
+		u := e.rec.Usage
+		if !e.state.Finished() {
+			mergeStats(&u, r.stats(e))
+		}
+		f.notify(api.NotifyHeartbeat, api.HeartbeatNotification{ID: e.id, Usage: u})
+		r.armHeartbeat(e, f, every)
+	})
+}

@@ -1,0 +1,226 @@
+package reactor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/eventloop"
+)
+
+// stream is one output pipe of an execution. Loop goroutine only.
+type stream struct {
+	name string // "stdout" or "stderr"
+	fd   int    // our read end; -1 once closed
+	kept *keptOutput
+}
+
+// stdinPipe is the write end of a child's stdin with what is queued for it.
+// Loop goroutine only.
+type stdinPipe struct {
+	fd         int // -1 once closed
+	buf        []byte
+	closeAfter bool // close once buf is written
+	watching   bool // registered for Writable
+	err        error
+}
+
+// adopt takes a spawned child into the loop: its pidfd (or a waiter
+// goroutine), its pipes and its stdin, then moves it to running. A failed
+// start goes straight to exited. Loop goroutine only.
+func (r *Reactor) adopt(e *execution, sp *spawned) {
+	e.work = sp.work
+	if sp.work != "" {
+		w := sp.work
+		e.rec.Workspace = &w
+	}
+	if sp.startErr != nil {
+		r.toExited(e, exitResult{startErr: sp.startErr, errno: sp.errno})
+		return
+	}
+	e.proc, e.sc = sp.proc, sp.sc
+	for i, fd := range []int{sp.stdout, sp.stderr} {
+		s := &stream{name: [2]string{"stdout", "stderr"}[i], fd: fd, kept: newKeptOutput(e.params.OutputLimitBytes)}
+		e.streams[i] = s
+		if err := r.loop.Add(fd, eventloop.Readable, func(eventloop.Events) { r.drain(e, s) }); err != nil {
+			r.log.Error().Err(err).Str("exec_id", e.id).Msg("watch output pipe")
+			unix.Close(fd)
+			s.fd = -1
+		}
+	}
+	if sp.stdin >= 0 {
+		e.stdin = &stdinPipe{fd: sp.stdin}
+		if len(e.params.Stdin) > 0 {
+			e.stdin.buf = append([]byte(nil), e.params.Stdin...)
+		}
+		e.stdin.closeAfter = !e.params.StdinOpen
+		r.flushStdin(e)
+	}
+	if sp.pidfd >= 0 {
+		e.pidfd = sp.pidfd
+		if err := r.loop.Add(e.pidfd, eventloop.Readable, func(eventloop.Events) { r.reap(e) }); err != nil {
+			r.log.Error().Err(err).Str("exec_id", e.id).Msg("watch pidfd; falling back to a waiter goroutine")
+			unix.Close(e.pidfd)
+			e.pidfd = -1
+		}
+	}
+	if e.pidfd < 0 {
+		// No pidfd: one goroutine does the Wait and posts the result.
+		proc := e.proc
+		go func() {
+			ps, err := proc.Wait()
+			r.reaper.reaped(proc.Pid)
+			r.reapedWaiter.Add(1)
+			r.post(func() { r.exitedOnWaiter(e, ps, err) })
+		}()
+	}
+	r.toRunning(e)
+}
+
+// reap runs when e's pidfd is readable: the main process exited. This is
+// the one Wait; it does not block because the child is already a zombie.
+func (r *Reactor) reap(e *execution) {
+	if err := r.loop.Remove(e.pidfd); err != nil {
+		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("unwatch pidfd")
+	}
+	unix.Close(e.pidfd)
+	e.pidfd = -1
+	ps, err := e.proc.Wait()
+	r.reaper.reaped(e.proc.Pid)
+	r.reapedPidfd.Add(1)
+	if e.state.Finished() {
+		// Forced to exited earlier (it survived SIGKILL for KillWait);
+		// reaped now, so no zombie stays behind.
+		r.log.Info().Str("exec_id", e.id).Msg("late exit of main process reaped")
+		return
+	}
+	r.toExited(e, exitResult{ps: ps, err: err})
+}
+
+func (r *Reactor) exitedOnWaiter(e *execution, ps *os.ProcessState, err error) {
+	if e.state.Finished() {
+		return
+	}
+	r.toExited(e, exitResult{ps: ps, err: err})
+}
+
+// drain reads what s holds, a bounded amount per wake-up so one chatty child
+// cannot starve the others (epoll is level-triggered: the rest comes next
+// round).
+func (r *Reactor) drain(e *execution, s *stream) {
+	for i := 0; i < 4 && s.fd >= 0; i++ {
+		n, err := unix.Read(s.fd, r.readBuf)
+		if n > 0 {
+			off := s.kept.total
+			s.kept.write(r.readBuf[:n])
+			if len(e.followers) > 0 {
+				data := append([]byte(nil), r.readBuf[:n]...)
+				note := api.OutputNotification{ID: e.id, Stream: s.name, Offset: off, Data: data}
+				for f := range e.followers {
+					f.notify(api.NotifyOutput, note)
+				}
+			}
+			if n < len(r.readBuf) {
+				return
+			}
+			continue
+		}
+		switch {
+		case err == unix.EAGAIN:
+			return
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			r.log.Warn().Err(err).Str("exec_id", e.id).Str("stream", s.name).Msg("read output")
+		}
+		// EOF (or a read error): every writer is gone.
+		r.closeStream(e, s)
+		r.maybeFinishCleanup(e)
+		return
+	}
+}
+
+func (r *Reactor) closeStream(e *execution, s *stream) {
+	if s.fd < 0 {
+		return
+	}
+	if err := r.loop.Remove(s.fd); err != nil {
+		r.log.Debug().Err(err).Str("exec_id", e.id).Msg("unwatch output pipe")
+	}
+	unix.Close(s.fd)
+	s.fd = -1
+}
+
+// writeStdin queues data for the child's stdin. Loop goroutine only.
+func (r *Reactor) writeStdin(e *execution, data []byte, closeIt bool) (int, error) {
+	in := e.stdin
+	switch {
+	case in == nil:
+		return 0, api.Errorf(api.CodeInvalidParams, "id: execution was not started with stdin_open")
+	case in.err != nil:
+		return 0, api.Errorf(api.CodeInvalidParams, "stdin: %v", in.err)
+	case in.fd < 0 || in.closeAfter:
+		if len(data) == 0 && closeIt {
+			return 0, nil // closing twice is fine
+		}
+		return 0, api.Errorf(api.CodeInvalidParams, "stdin: already closed")
+	case len(in.buf)+len(data) > maxStdinBuffer:
+		return 0, api.Errorf(api.CodeInvalidParams, "data: %d bytes already queued for stdin; retry later", len(in.buf))
+	}
+	in.buf = append(in.buf, data...)
+	in.closeAfter = closeIt
+	r.flushStdin(e)
+	return len(data), nil
+}
+
+// flushStdin writes what it can without blocking; the rest waits for the
+// pipe to become writable.
+func (r *Reactor) flushStdin(e *execution) {
+	in := e.stdin
+	for len(in.buf) > 0 && in.fd >= 0 {
+		n, err := unix.Write(in.fd, in.buf)
+		if n > 0 {
+			in.buf = in.buf[n:]
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			if !in.watching {
+				if aerr := r.loop.Add(in.fd, eventloop.Writable, func(eventloop.Events) { r.flushStdin(e) }); aerr == nil {
+					in.watching = true
+				}
+			}
+			return
+		}
+		if err != nil {
+			in.err = fmt.Errorf("write: %w", errors.Unwrap(os.NewSyscallError("write", err)))
+			in.buf = nil
+			r.closeStdin(e)
+			return
+		}
+	}
+	if len(in.buf) == 0 && in.closeAfter {
+		r.closeStdin(e)
+	} else if in.watching && len(in.buf) == 0 {
+		_ = r.loop.Remove(in.fd)
+		in.watching = false
+	}
+}
+
+func (r *Reactor) closeStdin(e *execution) {
+	in := e.stdin
+	if in.fd < 0 {
+		return
+	}
+	if in.watching {
+		_ = r.loop.Remove(in.fd)
+		in.watching = false
+	}
+	unix.Close(in.fd)
+	in.fd = -1
+	in.closeAfter = true
+}

@@ -1,0 +1,600 @@
+// Package reactor is corral's supervisor core. One goroutine, the loop
+// goroutine of an eventloop.Loop, owns every execution: each child's pidfd
+// and its stdout/stderr pipes sit in the loop's one epoll set, timers enforce
+// the limits, and every state change runs there (state.go). The only Wait of
+// a child happens when its pidfd is readable; without pidfds a waiter
+// goroutine waits and posts the exit into the loop.
+//
+// Clients reach the reactor through the ipc.Service methods in this file,
+// from any goroutine: they post work to the loop and wait for its answer.
+// Nothing on the loop goroutine blocks: spawning, D-Bus calls, removing
+// workspaces and cgroups happen on other goroutines and post their results.
+package reactor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"slices"
+	"sort"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/eventloop"
+	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/scope"
+)
+
+// Config configures a Reactor. Zero values mean the defaults noted.
+type Config struct {
+	Backend  scope.Backend // required
+	Log      zerolog.Logger
+	Defaults api.Defaults // exec.start defaults; zero fields take the protocol's
+	// NoPidfd forces the waiter-goroutine fallback used when the kernel
+	// gives no pidfd (os.ErrNoHandle), so both paths can be exercised.
+	NoPidfd bool
+	// KillWait bounds how long the tree may take to vanish after SIGKILL
+	// before the execution moves on with an error (default 5s).
+	KillWait time.Duration
+	// SampleInterval is how often cgroup counters are read for cpu_ms and
+	// OOM detection (default 100ms).
+	SampleInterval time.Duration
+	// Retention keeps cleaned records queryable (default 1h; <0: forever).
+	Retention time.Duration
+	// StateDir holds workspaces (<StateDir>/work/<id>); "" disables them.
+	StateDir string
+	// MaxRunning and MaxPerUID cap executions not yet cleaned (0: no cap).
+	MaxRunning, MaxPerUID int
+	// Subreaper makes the daemon reap orphaned descendants itself
+	// (PR_SET_CHILD_SUBREAPER), so no zombie outlives an execution even
+	// under a PID 1 that does not reap. The daemon sets it; it changes the
+	// whole process.
+	Subreaper bool
+	// Info is filled into daemon.info (version, backend details, checks).
+	Info api.Info
+}
+
+// Reactor supervises executions. Create it with New, drive it with Run.
+// Its exported methods are safe for concurrent use.
+type Reactor struct {
+	cfg  Config
+	log  zerolog.Logger
+	loop *eventloop.Loop
+
+	// Loop-goroutine state.
+	execs   map[string]*execution
+	running int
+	perUID  map[uint32]int
+	readBuf []byte
+	reaper  *reaper // nil without Config.Subreaper
+
+	total     atomic.Int64
+	// How exits were seen: through the pidfd in the loop, or by the
+	// fallback waiter goroutine.
+	reapedPidfd, reapedWaiter atomic.Int64
+	stopping  atomic.Bool
+	runningAt atomic.Int64 // running count mirrored for Info
+}
+
+var _ ipc.Service = (*Reactor)(nil)
+
+// New creates a reactor; call Run to start supervising.
+func New(cfg Config) (*Reactor, error) {
+	if cfg.Backend == nil {
+		return nil, errors.New("reactor: no scope backend")
+	}
+	d := &cfg.Defaults
+	if d.TimeoutMS == 0 {
+		d.TimeoutMS = api.DefaultTimeoutMS
+	}
+	if d.GraceMS == 0 {
+		d.GraceMS = api.DefaultGraceMS
+	}
+	if d.TasksMax == 0 {
+		d.TasksMax = api.DefaultTasksMax
+	}
+	if d.OutputLimitBytes == 0 {
+		d.OutputLimitBytes = api.DefaultOutputLimitBytes
+	}
+	if cfg.KillWait <= 0 {
+		cfg.KillWait = 5 * time.Second
+	}
+	if cfg.SampleInterval <= 0 {
+		cfg.SampleInterval = 100 * time.Millisecond
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = time.Hour
+	}
+	loop, err := eventloop.New()
+	if err != nil {
+		return nil, fmt.Errorf("reactor: %w", err)
+	}
+	var rp *reaper
+	if cfg.Subreaper {
+		if rp, err = startReaper(cfg.Log); err != nil {
+			loop.Close()
+			return nil, fmt.Errorf("reactor: %w", err)
+		}
+	}
+	return &Reactor{
+		reaper:  rp,
+		cfg:     cfg,
+		log:     cfg.Log,
+		loop:    loop,
+		execs:   make(map[string]*execution),
+		perUID:  make(map[uint32]int),
+		readBuf: make([]byte, 256<<10),
+	}, nil
+}
+
+// Run drives the loop on the calling goroutine until ctx ends.
+func (r *Reactor) Run(ctx context.Context) error {
+	defer r.reaper.close()
+	defer r.loop.Close()
+	return r.loop.Run(ctx)
+}
+
+// post queues f on the loop; after shutdown f is dropped.
+func (r *Reactor) post(f func()) {
+	if err := r.loop.Post(f); err != nil {
+		r.log.Debug().Err(err).Msg("post after loop stopped")
+	}
+}
+
+// onLoop runs f on the loop goroutine and waits for it.
+func (r *Reactor) onLoop(ctx context.Context, f func()) error {
+	done := make(chan struct{})
+	if err := r.loop.Post(func() { f(); close(done) }); err != nil {
+		return api.Errorf(api.CodeShuttingDown, "daemon is shutting down")
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// lookup finds id for caller. Another uid's execution answers not found,
+// exactly as a missing one. Loop goroutine only.
+func (r *Reactor) lookup(caller api.Owner, id string) (*execution, error) {
+	e, ok := r.execs[id]
+	if !ok || (caller.UID != 0 && e.owner.UID != caller.UID) {
+		return nil, api.ErrNotFound
+	}
+	return e, nil
+}
+
+// snapshot returns e's record as clients see it. Loop goroutine only.
+func (r *Reactor) snapshot(e *execution) api.Record {
+	rec := e.rec
+	if e.streams[0] != nil {
+		rec.Stdout = e.streams[0].kept.info()
+		rec.Stderr = e.streams[1].kept.info()
+	}
+	if rec.DurationMS == 0 && rec.StartedAt != nil && rec.ExitedAt == nil {
+		rec.DurationMS = time.Since(*rec.StartedAt).Milliseconds()
+	}
+	return rec
+}
+
+// publish tells followers about a state change. Loop goroutine only.
+func (r *Reactor) publish(e *execution) {
+	r.runningAt.Store(int64(r.running))
+	if len(e.followers) == 0 {
+		return
+	}
+	n := api.StateNotification{Record: r.snapshot(e)}
+	for f := range e.followers {
+		f.notify(api.NotifyState, n)
+	}
+}
+
+// Start implements exec.start.
+func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams) (api.Record, error) {
+	if r.stopping.Load() {
+		return api.Record{}, api.Errorf(api.CodeShuttingDown, "daemon is shutting down")
+	}
+	if err := normalize(&p, r.cfg.Defaults); err != nil {
+		return api.Record{}, err
+	}
+	runAs, err := resolveUser(caller, p.User)
+	if err != nil {
+		return api.Record{}, err
+	}
+	var (
+		e        *execution
+		existing api.Record
+		found    bool
+	)
+	if err := r.onLoop(ctx, func() { e, existing, found, err = r.create(caller, p) }); err != nil {
+		return api.Record{}, err
+	}
+	if err != nil || found {
+		return existing, err
+	}
+	sp := r.spawn(e, runAs)
+	// Hand the child to the loop whatever the client does now: from here
+	// the execution belongs to the reactor.
+	recCh := make(chan api.Record, 1)
+	r.post(func() {
+		r.adopt(e, sp)
+		recCh <- r.snapshot(e)
+	})
+	select {
+	case rec := <-recCh:
+		return rec, nil
+	case <-ctx.Done():
+		return api.Record{}, ctx.Err()
+	}
+}
+
+// create registers a new execution in state started, or finds the one with
+// the same idempotency key. Loop goroutine only.
+func (r *Reactor) create(caller api.Owner, p api.StartParams) (*execution, api.Record, bool, error) {
+	if p.ID != "" {
+		if old, ok := r.execs[p.ID]; ok {
+			if old.owner.UID != caller.UID {
+				return nil, api.Record{}, false, api.Errorf(api.CodeIdempotency, "id: %q is already in use", p.ID)
+			}
+			if !slices.Equal(old.params.Argv, p.Argv) {
+				return nil, api.Record{}, false, api.Errorf(api.CodeIdempotency, "id: %q was started with a different argv", p.ID)
+			}
+			return nil, r.snapshot(old), true, nil
+		}
+	}
+	if r.cfg.MaxRunning > 0 && r.running >= r.cfg.MaxRunning {
+		return nil, api.Record{}, false, api.Errorf(api.CodeOverCapacity, "over capacity: %d executions running (max %d)", r.running, r.cfg.MaxRunning)
+	}
+	if r.cfg.MaxPerUID > 0 && r.perUID[caller.UID] >= r.cfg.MaxPerUID {
+		return nil, api.Record{}, false, api.Errorf(api.CodeOverCapacity, "over capacity: uid %d has %d executions running (max %d)", caller.UID, r.perUID[caller.UID], r.cfg.MaxPerUID)
+	}
+	now := time.Now()
+	id := p.ID
+	if id == "" {
+		id = newID(now)
+	}
+	e := &execution{
+		id: id, owner: caller, params: p, created: now,
+		state: api.StateStarted, pidfd: -1,
+		waiters:   make(map[chan api.Record]struct{}),
+		followers: make(map[*follower]struct{}),
+	}
+	e.rec = api.Record{
+		ID: id, Owner: caller, Argv: p.Argv, Labels: p.Labels, State: api.StateStarted,
+		CreatedAt: now, User: p.User, Network: p.Network, Backend: r.cfg.Backend.Name(),
+		TimeoutMS: p.TimeoutMS,
+	}
+	r.execs[id] = e
+	r.running++
+	r.perUID[caller.UID]++
+	r.total.Add(1)
+	argv := make([]string, len(p.Argv))
+	copy(argv, p.Argv)
+	r.audit(e, "started").Strs("argv", argv).Msg("execution started")
+	return e, api.Record{}, false, nil
+}
+
+// Get implements exec.get.
+func (r *Reactor) Get(ctx context.Context, caller api.Owner, p api.IDParams) (rec api.Record, err error) {
+	if p.ID == "" {
+		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	if lerr := r.onLoop(ctx, func() {
+		var e *execution
+		if e, err = r.lookup(caller, p.ID); err == nil {
+			rec = r.snapshot(e)
+		}
+	}); lerr != nil {
+		return rec, lerr
+	}
+	return rec, err
+}
+
+// Wait implements exec.wait: the record once cleaned, or the current one
+// when timeout_ms passes first.
+func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) (api.Record, error) {
+	if p.ID == "" {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	if p.TimeoutMS != nil && *p.TimeoutMS < 0 {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "timeout_ms: must not be negative")
+	}
+	var (
+		rec api.Record
+		ch  chan api.Record
+		err error
+		e   *execution
+	)
+	if lerr := r.onLoop(ctx, func() {
+		if e, err = r.lookup(caller, p.ID); err != nil {
+			return
+		}
+		rec = r.snapshot(e)
+		if e.state != api.StateCleaned {
+			ch = make(chan api.Record, 1)
+			e.waiters[ch] = struct{}{}
+		}
+	}); lerr != nil {
+		return rec, lerr
+	}
+	if err != nil || ch == nil {
+		return rec, err
+	}
+	var timeout <-chan time.Time
+	if p.TimeoutMS != nil {
+		t := time.NewTimer(time.Duration(*p.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case rec = <-ch:
+		return rec, nil
+	case <-timeout:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	cur := rec
+	_ = r.onLoop(context.Background(), func() {
+		delete(e.waiters, ch)
+		cur = r.snapshot(e)
+	})
+	return cur, err
+}
+
+// Cancel implements exec.cancel; idempotent.
+func (r *Reactor) Cancel(ctx context.Context, caller api.Owner, p api.CancelParams) (rec api.Record, err error) {
+	if p.ID == "" {
+		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	if lerr := r.onLoop(ctx, func() {
+		var e *execution
+		if e, err = r.lookup(caller, p.ID); err != nil {
+			return
+		}
+		if !e.state.Finished() && e.state != api.StateCanceling && e.pending == "" {
+			e.rec.CancelReason = p.Reason
+			r.toCanceling(e, api.OutcomeCancelled, false)
+		}
+		rec = r.snapshot(e)
+	}); lerr != nil {
+		return rec, lerr
+	}
+	return rec, err
+}
+
+// Signal implements exec.signal. A finished execution is not signalled; its
+// record is returned unchanged.
+func (r *Reactor) Signal(ctx context.Context, caller api.Owner, p api.SignalParams) (rec api.Record, err error) {
+	if p.ID == "" {
+		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	sig, err := parseSignal(p.Signal)
+	if err != nil {
+		return rec, err
+	}
+	if p.Target != "" && p.Target != "all" && p.Target != "main" {
+		return rec, api.Errorf(api.CodeInvalidParams, "target: must be \"all\" or \"main\"")
+	}
+	if lerr := r.onLoop(ctx, func() {
+		var e *execution
+		if e, err = r.lookup(caller, p.ID); err != nil {
+			return
+		}
+		rec = r.snapshot(e)
+		switch {
+		case e.state.Finished():
+		case e.state == api.StateStarted:
+			err = api.Errorf(api.CodeInvalidParams, "id: execution is still starting; retry")
+		case p.Target == "main":
+			if serr := e.proc.Signal(sig); serr != nil {
+				err = api.Errorf(api.CodeInvalidParams, "signal main process: %v", serr)
+			}
+		default:
+			r.signalTree(e, sig)
+		}
+		if err == nil {
+			r.log.Info().Str("exec_id", e.id).Str("event", "signal").Str("signal", signalName(sig)).
+				Str("target", p.Target).Uint32("caller_uid", caller.UID).Msg("signal sent")
+		}
+	}); lerr != nil {
+		return rec, lerr
+	}
+	return rec, err
+}
+
+// Write implements exec.write.
+func (r *Reactor) Write(ctx context.Context, caller api.Owner, p api.WriteParams) (res api.WriteResult, err error) {
+	if p.ID == "" {
+		return res, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	if lerr := r.onLoop(ctx, func() {
+		var e *execution
+		if e, err = r.lookup(caller, p.ID); err != nil {
+			return
+		}
+		res.Written, err = r.writeStdin(e, p.Data, p.Close)
+	}); lerr != nil {
+		return res, lerr
+	}
+	return res, err
+}
+
+// List implements exec.list, newest first.
+func (r *Reactor) List(ctx context.Context, caller api.Owner, p api.ListParams) (res api.ListResult, err error) {
+	var want api.State
+	if p.State != "" {
+		if want, err = api.ParseState(p.State); err != nil {
+			return res, api.Errorf(api.CodeInvalidParams, "state: %v", err)
+		}
+	}
+	if p.Limit < 0 {
+		return res, api.Errorf(api.CodeInvalidParams, "limit: must not be negative")
+	}
+	res.Executions = []api.Record{}
+	if lerr := r.onLoop(ctx, func() {
+	next:
+		for _, e := range r.execs {
+			if caller.UID != 0 && e.owner.UID != caller.UID {
+				continue
+			}
+			if want != 0 && e.state != want {
+				continue
+			}
+			for k, v := range p.Labels {
+				if e.params.Labels[k] != v {
+					continue next
+				}
+			}
+			res.Executions = append(res.Executions, r.snapshot(e))
+		}
+	}); lerr != nil {
+		return res, lerr
+	}
+	sort.Slice(res.Executions, func(i, j int) bool {
+		return res.Executions[i].CreatedAt.After(res.Executions[j].CreatedAt)
+	})
+	if p.Limit > 0 && len(res.Executions) > p.Limit {
+		res.Executions = res.Executions[:p.Limit]
+	}
+	return res, nil
+}
+
+// Output implements exec.output.
+func (r *Reactor) Output(ctx context.Context, caller api.Owner, p api.OutputParams) (res api.OutputResult, err error) {
+	idx, err := streamIndex(p.Stream)
+	if err != nil {
+		return res, err
+	}
+	if p.Offset < 0 || p.Limit < 0 {
+		return res, api.Errorf(api.CodeInvalidParams, "offset, limit: must not be negative")
+	}
+	limit := p.Limit
+	if limit == 0 || limit > 4<<20 {
+		limit = 4 << 20
+	}
+	if lerr := r.onLoop(ctx, func() {
+		var e *execution
+		if e, err = r.lookup(caller, p.ID); err != nil {
+			return
+		}
+		s := e.streams[idx]
+		if s == nil { // never started
+			res = api.OutputResult{Data: []byte{}, Offset: 0, EOF: e.state.Finished()}
+			return
+		}
+		data, start, gap := s.kept.read(p.Offset, limit)
+		res = api.OutputResult{
+			Data: data, Offset: start, NextOffset: start + int64(len(data)),
+			TotalBytes: s.kept.total, Gap: gap,
+		}
+		res.EOF = s.fd < 0 && res.NextOffset >= s.kept.total
+		if res.Data == nil {
+			res.Data = []byte{}
+		}
+	}); lerr != nil {
+		return res, lerr
+	}
+	return res, err
+}
+
+func streamIndex(s string) (int, error) {
+	switch s {
+	case "", "stdout":
+		return 0, nil
+	case "stderr":
+		return 1, nil
+	}
+	return 0, api.Errorf(api.CodeInvalidParams, "stream: must be \"stdout\" or \"stderr\"")
+}
+
+// Info implements daemon.info.
+func (r *Reactor) Info(ctx context.Context) (api.Info, error) {
+	info := r.cfg.Info
+	info.PID = os.Getpid()
+	info.Backend = r.cfg.Backend.Name()
+	info.Pidfd = info.Pidfd && !r.cfg.NoPidfd
+	info.Default = r.cfg.Defaults
+	info.Running = int(r.runningAt.Load())
+	info.Total = r.total.Load()
+	return info, nil
+}
+
+// Shutdown refuses new executions with -32005, cancels the running ones
+// after drain, and returns once all are cleaned or ctx ends.
+func (r *Reactor) Shutdown(ctx context.Context, drain time.Duration) error {
+	r.stopping.Store(true)
+	deadline := time.Now().Add(drain)
+	for {
+		var left int
+		_ = r.onLoop(ctx, func() {
+			left = r.running
+			if time.Now().After(deadline) {
+				for _, e := range r.execs {
+					if !e.state.Finished() && e.pending == "" {
+						e.rec.CancelReason = "daemon shutting down"
+						r.toCanceling(e, api.OutcomeCancelled, false)
+					}
+				}
+			}
+		})
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("shutdown: %d executions not cleaned: %w", left, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// runAs is the identity a child runs with.
+type runAs struct {
+	uid, gid uint32
+	groups   []uint32
+	name     string
+	home     string
+}
+
+// resolveUser decides who the child runs as: the caller, or (root callers
+// only) the named user. Reads the user database; call off the loop.
+func resolveUser(caller api.Owner, name string) (runAs, error) {
+	var u *user.User
+	var err error
+	if name != "" {
+		if caller.UID != 0 {
+			if cu, cerr := user.LookupId(strconv.Itoa(int(caller.UID))); cerr != nil || cu.Username != name {
+				return runAs{}, api.Errorf(api.CodePermission, "user: only root may run commands as another user")
+			}
+		}
+		if u, err = user.Lookup(name); err != nil {
+			if u, err = user.LookupId(name); err != nil {
+				return runAs{}, api.Errorf(api.CodeInvalidParams, "user: unknown user %q", name)
+			}
+		}
+	} else if u, err = user.LookupId(strconv.Itoa(int(caller.UID))); err != nil {
+		// A uid without a passwd entry runs with its own gid and no groups.
+		return runAs{uid: caller.UID, gid: caller.GID, name: strconv.Itoa(int(caller.UID)), home: "/"}, nil
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	ra := runAs{uid: uint32(uid), gid: uint32(gid), name: u.Username, home: u.HomeDir}
+	if name == "" {
+		ra.gid = caller.GID
+	}
+	if gids, err := u.GroupIds(); err == nil {
+		for _, g := range gids {
+			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+				ra.groups = append(ra.groups, uint32(n))
+			}
+		}
+	}
+	return ra, nil
+}

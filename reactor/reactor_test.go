@@ -1,0 +1,587 @@
+package reactor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/scope"
+)
+
+// The test binary doubles as a child program: with CORRAL_TEST_HELPER set
+// it runs the named behaviour instead of the tests.
+func TestMain(m *testing.M) {
+	if h := os.Getenv("CORRAL_TEST_HELPER"); h != "" {
+		os.Exit(helper(h))
+	}
+	os.Exit(m.Run())
+}
+
+func helper(name string) int {
+	switch name {
+	case "interleave": // 1 MiB to each of stdout and stderr, alternating
+		chunk := bytes.Repeat([]byte("x"), 4096)
+		for i := 0; i < 256; i++ {
+			os.Stdout.Write(chunk)
+			os.Stderr.Write(chunk)
+		}
+		return 0
+	case "cat":
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := os.Stdin.Read(buf)
+			os.Stdout.Write(buf[:n])
+			if err != nil {
+				return 0
+			}
+		}
+	}
+	return 99
+}
+
+var root = api.Owner{UID: 0, GID: 0, PID: 1}
+
+type testReactor struct {
+	*Reactor
+	t *testing.T
+}
+
+func newTestReactor(t *testing.T, mod func(*Config)) *testReactor {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: children run as the caller's uid")
+	}
+	cfg := Config{
+		Backend:   scope.NewPgroup(),
+		Log:       zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+		KillWait:  2 * time.Second,
+		Subreaper: true,
+		Info:      api.Info{Pidfd: true},
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New() = %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	})
+	return &testReactor{Reactor: r, t: t}
+}
+
+// run starts p and waits until cleaned.
+func (tr *testReactor) run(p api.StartParams) api.Record {
+	tr.t.Helper()
+	rec, err := tr.Start(context.Background(), root, p)
+	if err != nil {
+		tr.t.Fatalf("Start(%v) = %v", p.Argv, err)
+	}
+	return tr.wait(rec.ID)
+}
+
+func (tr *testReactor) wait(id string) api.Record {
+	tr.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec, err := tr.Wait(ctx, root, api.WaitParams{ID: id})
+	if err != nil {
+		tr.t.Fatalf("Wait(%s) = %v", id, err)
+	}
+	if rec.State != api.StateCleaned {
+		tr.t.Fatalf("Wait(%s) state = %v, want cleaned", id, rec.State)
+	}
+	return rec
+}
+
+func (tr *testReactor) stdout(id string) string {
+	tr.t.Helper()
+	out, err := tr.Output(context.Background(), root, api.OutputParams{ID: id, Stream: "stdout"})
+	if err != nil {
+		tr.t.Fatalf("Output(%s) = %v", id, err)
+	}
+	return string(out.Data)
+}
+
+func outcome(rec api.Record) api.Outcome {
+	if rec.Outcome == nil {
+		return ""
+	}
+	return *rec.Outcome
+}
+
+func self(t *testing.T) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}
+
+func TestExitSeenThroughPidfd(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "echo hi; exit 3"}})
+	if outcome(rec) != api.OutcomeExited || rec.ExitCode == nil || *rec.ExitCode != 3 {
+		t.Errorf("outcome, exit_code = %v, %v; want exited, 3", outcome(rec), rec.ExitCode)
+	}
+	if got := tr.stdout(rec.ID); got != "hi\n" {
+		t.Errorf("stdout = %q, want %q", got, "hi\n")
+	}
+	if n, w := tr.reapedPidfd.Load(), tr.reapedWaiter.Load(); n != 1 || w != 0 {
+		t.Errorf("reaped via pidfd, waiter = %d, %d; want 1, 0", n, w)
+	}
+}
+
+func TestFallbackWaiterPath(t *testing.T) {
+	tr := newTestReactor(t, func(c *Config) { c.NoPidfd = true })
+	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "exit 7"}})
+	if rec.ExitCode == nil || *rec.ExitCode != 7 {
+		t.Errorf("exit_code = %v, want 7", rec.ExitCode)
+	}
+	if n, w := tr.reapedPidfd.Load(), tr.reapedWaiter.Load(); n != 0 || w != 1 {
+		t.Errorf("reaped via pidfd, waiter = %d, %d; want 0, 1", n, w)
+	}
+	info, _ := tr.Info(context.Background())
+	if info.Pidfd {
+		t.Error("daemon.info pidfd = true with the fallback forced")
+	}
+}
+
+// A child that exits at once must not race start, dup and Wait.
+func TestImmediateExit(t *testing.T) {
+	for _, noPidfd := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noPidfd=%v", noPidfd), func(t *testing.T) {
+			tr := newTestReactor(t, func(c *Config) { c.NoPidfd = noPidfd })
+			var wg sync.WaitGroup
+			for i := 0; i < 50; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"true"}})
+					if err != nil {
+						t.Errorf("Start = %v", err)
+						return
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					defer cancel()
+					rec, err = tr.Wait(ctx, root, api.WaitParams{ID: rec.ID})
+					if err != nil || outcome(rec) != api.OutcomeExited || *rec.ExitCode != 0 {
+						t.Errorf("true: err=%v outcome=%v", err, outcome(rec))
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
+}
+
+func openFds(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// noZombies fails if the test process has an exited child not yet reaped.
+func noZombies(t *testing.T) {
+	t.Helper()
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	// With WNOHANG, si_signo stays 0 when no child is waitable.
+	if err == nil && info.Signo != 0 {
+		t.Errorf("an exited child was left unreaped (siginfo %+v)", info)
+	}
+}
+
+// 1,000 runs, half of them cancelled mid-run, leave no pidfd, pipe or zombie.
+func TestNoLeakAfterThousandRuns(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	// Warm up: the runtime and os/exec open some fds lazily, once.
+	tr.run(api.StartParams{Argv: []string{"true"}})
+	c, _ := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sleep", "10"}})
+	tr.Cancel(context.Background(), root, api.CancelParams{ID: c.ID})
+	tr.wait(c.ID)
+	before := openFds(t)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := 0; i < 1000; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			p := api.StartParams{Argv: []string{"true"}}
+			if i%2 == 1 {
+				p = api.StartParams{Argv: []string{"sleep", "10"}, GraceMS: 100}
+			}
+			rec, err := tr.Start(context.Background(), root, p)
+			if err != nil {
+				t.Errorf("Start = %v", err)
+				return
+			}
+			if i%2 == 1 {
+				if _, err := tr.Cancel(context.Background(), root, api.CancelParams{ID: rec.ID}); err != nil {
+					t.Errorf("Cancel = %v", err)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			rec, err = tr.Wait(ctx, root, api.WaitParams{ID: rec.ID})
+			if err != nil || rec.State != api.StateCleaned {
+				t.Errorf("Wait = %v, state %v", err, rec.State)
+			}
+			if i%2 == 1 && outcome(rec) != api.OutcomeCancelled {
+				t.Errorf("cancelled run outcome = %v, want cancelled", outcome(rec))
+			}
+		}()
+	}
+	wg.Wait()
+	after := openFds(t)
+	if after != before {
+		ents, _ := os.ReadDir("/proc/self/fd")
+		var links []string
+		for _, e := range ents {
+			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+			links = append(links, e.Name()+"->"+l)
+		}
+		t.Errorf("open fds: %d before, %d after 1000 runs: %v", before, after, links)
+	}
+	var registered int
+	tr.onLoop(context.Background(), func() { registered = tr.loop.Registered() })
+	if registered != 0 {
+		t.Errorf("%d fds still in the epoll set", registered)
+	}
+	noZombies(t)
+}
+
+func TestHandleUseAfterWait(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec := tr.run(api.StartParams{Argv: []string{"true"}})
+	var e *execution
+	tr.onLoop(context.Background(), func() { e = tr.execs[rec.ID] })
+	if e.pidfd != -1 {
+		t.Errorf("pidfd = %d after exit, want closed (-1)", e.pidfd)
+	}
+	if err := e.proc.Signal(unix.SIGTERM); !errors.Is(err, os.ErrProcessDone) {
+		t.Errorf("Signal after Wait = %v, want os.ErrProcessDone", err)
+	}
+	if _, err := e.proc.Wait(); err == nil {
+		t.Error("second Wait succeeded, want an error")
+	}
+	got, err := tr.Signal(context.Background(), root, api.SignalParams{ID: rec.ID, Signal: "SIGTERM", Target: "main"})
+	if err != nil || got.State != api.StateCleaned {
+		t.Errorf("exec.signal on a finished execution = %v, %v; want its record", got.State, err)
+	}
+}
+
+func TestInterleavedMiBOnBothStreams(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec := tr.run(api.StartParams{
+		Argv:             []string{self(t)},
+		Env:              map[string]string{"CORRAL_TEST_HELPER": "interleave"},
+		OutputLimitBytes: 4 << 20,
+	})
+	if outcome(rec) != api.OutcomeExited || *rec.ExitCode != 0 {
+		t.Fatalf("outcome = %v, error = %v", outcome(rec), rec.Error)
+	}
+	for _, s := range []api.StreamInfo{rec.Stdout, rec.Stderr} {
+		if s.TotalBytes != 1<<20 || s.KeptBytes != 1<<20 || s.Truncated {
+			t.Errorf("stream = %+v, want 1 MiB kept, not truncated", s)
+		}
+	}
+}
+
+func TestIgnoredSIGTERMEndsInSIGKILL(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	start := time.Now()
+	rec := tr.run(api.StartParams{
+		Argv:      []string{"sh", "-c", `trap "" TERM; echo ready; while :; do sleep 1; done`},
+		TimeoutMS: 500, GraceMS: 500,
+	})
+	el := time.Since(start)
+	if outcome(rec) != api.OutcomeTimeout {
+		t.Errorf("outcome = %v, want timeout", outcome(rec))
+	}
+	if rec.Signal == nil || *rec.Signal != "SIGKILL" {
+		t.Errorf("signal = %v, want SIGKILL", rec.Signal)
+	}
+	if max := 500*time.Millisecond + 500*time.Millisecond + time.Second; el > max {
+		t.Errorf("took %v, want within timeout+grace+1s = %v", el, max)
+	}
+}
+
+func TestBackgroundedSleepIsKilled(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "sleep 1000 & echo $!"}})
+	pid, err := strconv.Atoi(strings.TrimSpace(tr.stdout(rec.ID)))
+	if err != nil {
+		t.Fatalf("stdout %q: %v", tr.stdout(rec.ID), err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+		if os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			stat, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+			t.Fatalf("background sleep %d still exists after cleaned: %s", pid, stat)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func vmRSS(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			kb, _ := strconv.ParseInt(strings.Fields(l)[1], 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+func TestGigabyteOfOutputKeepsMemoryBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1 GB of output")
+	}
+	tr := newTestReactor(t, nil)
+	runtime.GC()
+	before := vmRSS(t)
+	rec := tr.run(api.StartParams{Argv: []string{"head", "-c", "1073741824", "/dev/zero"}, TimeoutMS: 60000})
+	after := vmRSS(t)
+	if rec.Stdout.TotalBytes != 1<<30 || !rec.Stdout.Truncated || rec.Stdout.KeptBytes != api.DefaultOutputLimitBytes {
+		t.Errorf("stdout = %+v, want 1 GiB counted, truncated, %d kept", rec.Stdout, api.DefaultOutputLimitBytes)
+	}
+	if grew := after - before; grew > 32<<20 {
+		t.Errorf("RSS grew by %d MiB for 1 GB of output, want < 32 MiB", grew>>20)
+	}
+	out, err := tr.Output(context.Background(), root, api.OutputParams{ID: rec.ID, Offset: 200 << 10})
+	if err != nil || !out.Gap || out.Offset != 1<<30-api.DefaultOutputLimitBytes/2 {
+		t.Errorf("Output in the dropped middle = gap %v offset %d err %v; want gap at the tail start", out.Gap, out.Offset, err)
+	}
+}
+
+func TestStartFailed(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	noExec := t.TempDir() + "/data"
+	if err := os.WriteFile(noExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		p     api.StartParams
+		errno string
+	}{
+		{"not found", api.StartParams{Argv: []string{"no-such-command-corral"}}, "ENOENT"},
+		{"not executable", api.StartParams{Argv: []string{noExec}}, "EACCES"},
+		{"bad cwd", api.StartParams{Argv: []string{"true"}, Cwd: "/nonexistent-corral"}, "ENOENT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := tr.run(tc.p)
+			if outcome(rec) != api.OutcomeStartFailed || rec.Error == nil || rec.StartErrno != tc.errno {
+				t.Errorf("outcome %v, errno %q, error %v; want start_failed, %s", outcome(rec), rec.StartErrno, rec.Error, tc.errno)
+			}
+		})
+	}
+}
+
+func TestParamsRejected(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	for _, tc := range []struct {
+		name, field string
+		p           api.StartParams
+	}{
+		{"no argv", "argv", api.StartParams{}},
+		{"nul in argv", "argv[1]", api.StartParams{Argv: []string{"echo", "a\x00b"}}},
+		{"= in env name", "env", api.StartParams{Argv: []string{"true"}, Env: map[string]string{"A=B": "x"}}},
+		{"relative cwd", "cwd", api.StartParams{Argv: []string{"true"}, Cwd: "tmp"}},
+		{"negative timeout", "timeout_ms", api.StartParams{Argv: []string{"true"}, TimeoutMS: -1}},
+		{"bad network", "network", api.StartParams{Argv: []string{"true"}, Network: "bridge"}},
+		{"bad id", "id", api.StartParams{Argv: []string{"true"}, ID: "../x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tr.Start(context.Background(), root, tc.p)
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Code != api.CodeInvalidParams || !strings.HasPrefix(ae.Message, tc.field) {
+				t.Errorf("Start = %v, want -32602 naming %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestCancelIsIdempotent(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := tr.Cancel(context.Background(), root, api.CancelParams{ID: rec.ID, Reason: "test"}); err != nil {
+			t.Fatalf("Cancel #%d = %v", i, err)
+		}
+	}
+	rec = tr.wait(rec.ID)
+	if outcome(rec) != api.OutcomeCancelled || rec.Signal == nil || *rec.Signal != "SIGTERM" || rec.CancelReason != "test" {
+		t.Errorf("outcome %v signal %v reason %q; want cancelled by SIGTERM, reason test", outcome(rec), rec.Signal, rec.CancelReason)
+	}
+	again, err := tr.Cancel(context.Background(), root, api.CancelParams{ID: rec.ID})
+	if err != nil || outcome(again) != api.OutcomeCancelled {
+		t.Errorf("Cancel after cleaned = %v, %v", outcome(again), err)
+	}
+}
+
+func TestStdinDataAndWrite(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec := tr.run(api.StartParams{Argv: []string{"cat"}, Stdin: []byte("given\n")})
+	if got := tr.stdout(rec.ID); got != "given\n" {
+		t.Errorf("stdin data: stdout = %q", got)
+	}
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"cat"}, StdinOpen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte("y"), 3<<20) // more than a pipe holds
+	if res, err := tr.Write(context.Background(), root, api.WriteParams{ID: rec.ID, Data: big}); err != nil || res.Written != len(big) {
+		t.Fatalf("Write = %v, %v", res, err)
+	}
+	if _, err := tr.Write(context.Background(), root, api.WriteParams{ID: rec.ID, Data: []byte("end"), Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Write(context.Background(), root, api.WriteParams{ID: rec.ID, Data: []byte("late")}); api.ErrorCode(err) != api.CodeInvalidParams {
+		t.Errorf("Write after close = %v, want -32602", err)
+	}
+	rec = tr.wait(rec.ID)
+	if rec.Stdout.TotalBytes != int64(len(big))+3 {
+		t.Errorf("cat echoed %d bytes, want %d", rec.Stdout.TotalBytes, len(big)+3)
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	p := api.StartParams{Argv: []string{"sh", "-c", "echo once"}, ID: "tool-call-1"}
+	first := tr.run(p)
+	again, err := tr.Start(context.Background(), root, p)
+	if err != nil || again.ID != first.ID || again.State != api.StateCleaned {
+		t.Errorf("second Start = %v %v, want the first record", again.State, err)
+	}
+	if tr.total.Load() != 1 {
+		t.Errorf("total = %d, want 1: the retry started something", tr.total.Load())
+	}
+	p.Argv = []string{"echo", "other"}
+	if _, err := tr.Start(context.Background(), root, p); api.ErrorCode(err) != api.CodeIdempotency {
+		t.Errorf("same id, other argv = %v, want -32004", err)
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	tr := newTestReactor(t, func(c *Config) { c.MaxRunning = 1 })
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"true"}}); api.ErrorCode(err) != api.CodeOverCapacity {
+		t.Errorf("second Start = %v, want -32003", err)
+	}
+	if tr.total.Load() != 1 {
+		t.Errorf("total = %d: the refused start was counted", tr.total.Load())
+	}
+	tr.Cancel(context.Background(), root, api.CancelParams{ID: rec.ID})
+	tr.wait(rec.ID)
+}
+
+func TestOwnershipHidesOthers(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec := tr.run(api.StartParams{Argv: []string{"true"}})
+	other := api.Owner{UID: 4242, GID: 4242, PID: 5}
+	if _, err := tr.Get(context.Background(), other, api.IDParams{ID: rec.ID}); api.ErrorCode(err) != api.CodeNotFound {
+		t.Errorf("Get by another uid = %v, want -32001", err)
+	}
+	l, _ := tr.List(context.Background(), other, api.ListParams{})
+	if len(l.Executions) != 0 {
+		t.Errorf("List by another uid shows %d executions", len(l.Executions))
+	}
+	if _, err := tr.Start(context.Background(), other, api.StartParams{Argv: []string{"true"}, User: "root"}); api.ErrorCode(err) != api.CodePermission {
+		t.Errorf("non-root asking for user root = %v, want -32002", err)
+	}
+}
+
+func TestFollowStreamsOutputAndState(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sh", "-c", "echo one; sleep 0.2; echo two"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var out bytes.Buffer
+	var states []api.State
+	final, err := tr.Follow(context.Background(), root, api.FollowParams{ID: rec.ID}, func(method string, params any) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		switch n := params.(type) {
+		case api.OutputNotification:
+			if n.Offset != int64(out.Len()) {
+				t.Errorf("output offset %d, want %d", n.Offset, out.Len())
+			}
+			out.Write(n.Data)
+		case api.StateNotification:
+			states = append(states, n.Record.State)
+		}
+		return true
+	})
+	if err != nil || final.State != api.StateCleaned {
+		t.Fatalf("Follow = %v, %v", final.State, err)
+	}
+	if out.String() != "one\ntwo\n" {
+		t.Errorf("followed output %q", out.String())
+	}
+	if len(states) < 2 || states[len(states)-1] != api.StateCleaned {
+		t.Errorf("states %v, want ending in cleaned", states)
+	}
+}
+
+func TestOutputKeepsHeadAndTail(t *testing.T) {
+	k := newKeptOutput(10)
+	for _, s := range []string{"abc", "defgh", "ijklmnop", "qrstuvwxyz"} {
+		k.write([]byte(s))
+	}
+	if k.total != 26 || k.kept() != 10 || !k.truncated() {
+		t.Fatalf("total %d kept %d", k.total, k.kept())
+	}
+	if d, start, gap := k.read(0, 100); string(d) != "abcde" || start != 0 || gap {
+		t.Errorf("read(0) = %q %d %v", d, start, gap)
+	}
+	if d, start, gap := k.read(7, 100); string(d) != "vwxyz" || start != 21 || !gap {
+		t.Errorf("read(7) = %q %d %v, want the tail from 21 with a gap", d, start, gap)
+	}
+	if d, _, _ := k.read(23, 2); string(d) != "xy" {
+		t.Errorf("read(23,2) = %q", d)
+	}
+}

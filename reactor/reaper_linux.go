@@ -1,0 +1,136 @@
+package reactor
+
+import (
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+)
+
+// reaper makes the daemon a child subreaper and reaps the orphans that get
+// reparented to it: descendants whose parent died before them. Without it
+// they would go to PID 1, and a PID 1 that does not reap (a container's
+// shell, some VM agents) leaves them as zombies forever, which also keeps a
+// process group from ever becoming empty.
+//
+// It must never reap a main process: that exit belongs to the one Wait on
+// the pidfd. Spawns hold mu for reading around fork-and-register; the reaper
+// holds it for writing while it reaps, so every child it sees is either
+// registered as a main process or an orphan.
+type reaper struct {
+	log   zerolog.Logger
+	mu    sync.RWMutex
+	mains map[int]int // pid -> registrations; guarded by mainsMu
+	mmu   sync.Mutex
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func startReaper(log zerolog.Logger) (*reaper, error) {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return nil, os.NewSyscallError("prctl PR_SET_CHILD_SUBREAPER", err)
+	}
+	rp := &reaper{log: log, mains: make(map[int]int), stop: make(chan struct{}), done: make(chan struct{})}
+	go rp.run()
+	return rp, nil
+}
+
+// fork runs start (which forks) and registers the pid it returns as a main
+// process, with no reaping in between.
+func (rp *reaper) fork(start func() (int, error)) error {
+	if rp == nil {
+		_, err := start()
+		return err
+	}
+	rp.mu.RLock()
+	defer rp.mu.RUnlock()
+	pid, err := start()
+	if err == nil {
+		rp.mmu.Lock()
+		rp.mains[pid]++
+		rp.mmu.Unlock()
+	}
+	return err
+}
+
+// reaped unregisters a main process after its Wait.
+func (rp *reaper) reaped(pid int) {
+	if rp == nil {
+		return
+	}
+	rp.mmu.Lock()
+	if rp.mains[pid]--; rp.mains[pid] <= 0 {
+		delete(rp.mains, pid)
+	}
+	rp.mmu.Unlock()
+}
+
+func (rp *reaper) run() {
+	defer close(rp.done)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, unix.SIGCHLD)
+	defer signal.Stop(sig)
+	tick := time.NewTicker(time.Second) // a SIGCHLD can coalesce; sweep anyway
+	defer tick.Stop()
+	for {
+		select {
+		case <-rp.stop:
+			return
+		case <-sig:
+		case <-tick.C:
+		}
+		rp.reapOrphans()
+	}
+}
+
+func (rp *reaper) reapOrphans() {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	for _, pid := range children() {
+		rp.mmu.Lock()
+		main := rp.mains[pid] > 0
+		rp.mmu.Unlock()
+		if main {
+			continue
+		}
+		var ws unix.WaitStatus
+		if got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err == nil && got == pid {
+			rp.log.Debug().Int("pid", pid).Msg("reaped orphan")
+		}
+	}
+}
+
+func (rp *reaper) close() {
+	if rp == nil {
+		return
+	}
+	close(rp.stop)
+	<-rp.done
+}
+
+// children lists the daemon's direct children from every thread's
+// /proc/self/task/<tid>/children.
+func children() []int {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}

@@ -1,0 +1,385 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope"
+)
+
+// defaultPath is the child's PATH unless the request sets one.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// pipeSize is what F_SETPIPE_SZ asks for on output pipes, so a burst of
+// output waits in the kernel rather than blocking the child between two
+// loop wake-ups. The kernel caps it at /proc/sys/fs/pipe-max-size.
+const pipeSize = 1 << 20
+
+// spawned is what spawn hands to the loop. Either startErr is set and
+// nothing runs, or proc runs in sc with the parent ends of its pipes.
+type spawned struct {
+	proc     *os.Process
+	pidfd    int // -1: use the waiter goroutine
+	sc       scope.Scope
+	stdout   int
+	stderr   int
+	stdin    int // -1: the child's stdin is /dev/null
+	work     string
+	startErr error
+	errno    string
+}
+
+// spawn starts e's child. It runs on the caller's goroutine, never on the
+// loop: it reads the user database, creates the scope (a D-Bus round trip
+// under systemd) and forks.
+func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
+	sp := &spawned{pidfd: -1, stdout: -1, stderr: -1, stdin: -1}
+	p := e.params
+	fail := func(err error) *spawned {
+		sp.startErr = err
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			sp.errno = unix.ErrnoName(errno)
+		}
+		return sp
+	}
+
+	// Working directory: the request's, or a fresh workspace.
+	dir := p.Cwd
+	if dir == "" && r.cfg.StateDir != "" {
+		w, err := makeWorkspace(r.cfg.StateDir, e.id, ra)
+		if err != nil {
+			return fail(fmt.Errorf("create workspace: %w", err))
+		}
+		sp.work, dir = w, w
+	}
+	if dir == "" {
+		dir = "/"
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return fail(fmt.Errorf("cwd %s: %w", dir, err))
+	} else if !fi.IsDir() {
+		return fail(fmt.Errorf("cwd %s: %w", dir, syscall.ENOTDIR))
+	}
+
+	env := childEnv(p.Env, ra)
+	path, err := lookPath(p.Argv[0], dir, envValue(env, "PATH"))
+	if err != nil {
+		return fail(err)
+	}
+
+	// Pipes: the child's ends are blocking; ours are non-blocking and go
+	// into the epoll set. All are CLOEXEC so no other child inherits them.
+	var child []*os.File
+	closeChild := func() {
+		for _, f := range child {
+			f.Close()
+		}
+	}
+	outR, outW, err := outputPipe()
+	if err != nil {
+		return fail(err)
+	}
+	errR, errW, err := outputPipe()
+	if err != nil {
+		unix.Close(outR)
+		outW.Close()
+		return fail(err)
+	}
+	child = append(child, outW, errW)
+	sp.stdout, sp.stderr = outR, errR
+	var stdin *os.File
+	if p.StdinOpen || len(p.Stdin) > 0 {
+		var fds [2]int
+		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+			closeChild()
+			sp.closeFds()
+			return fail(os.NewSyscallError("pipe2", err))
+		}
+		_ = unix.SetNonblock(fds[1], true)
+		stdin = os.NewFile(uintptr(fds[0]), "stdin")
+		child = append(child, stdin)
+		sp.stdin = fds[1]
+	}
+
+	cmd := &exec.Cmd{
+		Path:   path,
+		Args:   p.Argv,
+		Env:    env,
+		Dir:    dir,
+		Stdin:  stdin,
+		Stdout: outW,
+		Stderr: errW,
+		SysProcAttr: &syscall.SysProcAttr{
+			Setsid: true,
+		},
+	}
+	if stdin == nil {
+		cmd.Stdin = nil // /dev/null
+	}
+	if os.Geteuid() == 0 || ra.uid != uint32(os.Geteuid()) || ra.gid != uint32(os.Getegid()) {
+		// As root, always set the identity: it also replaces the daemon's
+		// own supplementary groups with the user's.
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: ra.uid, Gid: ra.gid, Groups: ra.groups}
+	}
+	if p.Network == "none" {
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sc, err := r.cfg.Backend.Prepare(ctx, scope.Spec{
+		ID: e.id, Argv: p.Argv, Cmd: cmd,
+		Limits: scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS},
+	})
+	if err != nil {
+		closeChild()
+		sp.closeFds()
+		return fail(fmt.Errorf("create scope for %s: %w", e.id, err))
+	}
+	if err := r.reaper.fork(func() (int, error) {
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	}); err != nil {
+		closeChild()
+		sp.closeFds()
+		if rerr := sc.Remove(); rerr != nil {
+			r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove scope after failed start")
+		}
+		return fail(fmt.Errorf("exec %q: %w", p.Argv[0], err))
+	}
+	closeChild()
+	sp.proc, sp.sc = cmd.Process, sc
+
+	if !r.cfg.NoPidfd {
+		sp.pidfd = dupPidfd(cmd.Process)
+	}
+	if err := sc.Started(ctx, cmd.Process.Pid); err != nil {
+		// The child never left the hold (or never reached its scope): kill
+		// it, reap it here, and report a failed start.
+		_ = cmd.Process.Kill()
+		_, _ = cmd.Process.Wait()
+		r.reaper.reaped(cmd.Process.Pid)
+		if sp.pidfd >= 0 {
+			unix.Close(sp.pidfd)
+			sp.pidfd = -1
+		}
+		sp.proc = nil
+		sp.closeFds()
+		if rerr := sc.Remove(); rerr != nil {
+			r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove scope after failed placement")
+		}
+		sp.sc = nil
+		return fail(fmt.Errorf("place in scope: %w", err))
+	}
+	if p.CPUMS > 0 {
+		// Backstop where no cgroup measures the tree: RLIMIT_CPU on the main
+		// process (its later children inherit it).
+		secs := uint64((p.CPUMS + 999) / 1000)
+		lim := unix.Rlimit{Cur: secs, Max: secs + 1}
+		_ = unix.Prlimit(cmd.Process.Pid, unix.RLIMIT_CPU, &lim, nil)
+	}
+	return sp
+}
+
+// closeFds closes the parent ends of the pipes.
+func (sp *spawned) closeFds() {
+	for _, fd := range []*int{&sp.stdout, &sp.stderr, &sp.stdin} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
+// dupPidfd returns a CLOEXEC duplicate of p's pidfd, or -1 when the process
+// has none (os.ErrNoHandle: old kernel, seccomp): the caller then falls back
+// to a waiter goroutine.
+func dupPidfd(p *os.Process) int {
+	fd := -1
+	err := p.WithHandle(func(h uintptr) {
+		// Dup inside the callback: the handle is only valid here.
+		if d, err := unix.FcntlInt(h, unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			fd = d
+		}
+	})
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+// outputPipe returns a pipe whose read end (ours) is non-blocking and large.
+func outputPipe() (int, *os.File, error) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		return -1, nil, os.NewSyscallError("pipe2", err)
+	}
+	_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pipeSize)
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return -1, nil, os.NewSyscallError("set nonblock", err)
+	}
+	return fds[0], os.NewFile(uintptr(fds[1]), "output"), nil
+}
+
+// childEnv is the child's whole environment: a minimal base for the run-as
+// user plus the request's variables. Nothing of the daemon's leaks.
+func childEnv(req map[string]string, ra runAs) []string {
+	base := map[string]string{
+		"PATH":    defaultPath,
+		"HOME":    ra.home,
+		"USER":    ra.name,
+		"LOGNAME": ra.name,
+		"LANG":    "C.UTF-8",
+	}
+	for k, v := range req {
+		base[k] = v
+	}
+	env := make([]string, 0, len(base))
+	for k, v := range base {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	return env
+}
+
+func envValue(env []string, key string) string {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, key+"=") {
+			return kv[len(key)+1:]
+		}
+	}
+	return ""
+}
+
+// lookPath resolves argv0 with the child's PATH (not the daemon's); a name
+// with a slash is taken relative to the child's working directory.
+func lookPath(argv0, dir, pathEnv string) (string, error) {
+	if strings.Contains(argv0, "/") {
+		p := argv0
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		if err := executable(p); err != nil {
+			return "", fmt.Errorf("exec %q: %w", argv0, err)
+		}
+		return p, nil
+	}
+	var firstErr error
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, argv0)
+		err := executable(p)
+		if err == nil {
+			return p, nil
+		}
+		if firstErr == nil && !errors.Is(err, syscall.ENOENT) {
+			firstErr = err
+		}
+	}
+	if firstErr != nil {
+		return "", fmt.Errorf("exec %q: %w", argv0, firstErr)
+	}
+	return "", fmt.Errorf("exec %q: not found in PATH: %w", argv0, syscall.ENOENT)
+}
+
+func executable(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return pe.Err
+		}
+		return err
+	}
+	if fi.IsDir() {
+		return syscall.EACCES
+	}
+	if fi.Mode()&0o111 == 0 {
+		return syscall.EACCES
+	}
+	return nil
+}
+
+// procCPUTime reads utime+stime of pid and its waited-for children from
+// /proc, in ns; the fallback CPU measure without a cgroup.
+func procCPUTime(pid int) (int64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	// Fields after ")": state(0) ... utime(11) stime(12) cutime(13) cstime(14).
+	if len(f) < 15 {
+		return 0, false
+	}
+	var ticks int64
+	for _, j := range []int{11, 12, 13, 14} {
+		v, _ := strconv.ParseInt(f[j], 10, 64)
+		ticks += v
+	}
+	const clkTck = 100 // USER_HZ on Linux
+	return ticks * (1e9 / clkTck), true
+}
+
+// makeWorkspace creates <stateDir>/work/<id>, mode 0700, owned by the run-as
+// user.
+func makeWorkspace(stateDir, id string, ra runAs) (string, error) {
+	parent := filepath.Join(stateDir, "work")
+	if err := os.MkdirAll(parent, 0o711); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(parent, id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Chown(dir, int(ra.uid), int(ra.gid)); err != nil {
+		os.Remove(dir)
+		return "", err
+	}
+	return dir, nil
+}
+
+// removeWorkspace deletes a workspace. os.RemoveAll never follows symlinks
+// (it unlinks them), and as root it removes read-only subdirectories; it
+// makes directories writable first in case the daemon lacks
+// CAP_DAC_OVERRIDE.
+func removeWorkspace(dir string) error {
+	err := os.RemoveAll(dir)
+	if err == nil {
+		return nil
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, werr error) error {
+		if werr == nil && d.IsDir() && d.Type()&fs.ModeSymlink == 0 {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}
