@@ -20,6 +20,7 @@ import (
 	"errors"
 	"os/exec"
 
+	"github.com/corral-dev/corral/shim"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,6 +41,14 @@ type Spec struct {
 	// SysProcAttr (Setsid, UseCgroupFD/CgroupFD) or wrap it in the shim. The
 	// reactor starts it after Prepare returns.
 	Cmd *exec.Cmd
+	// Shim, when not nil, is the shim the reactor already wrapped Cmd with
+	// (shim.Wrap with Hold: true), so that it could pass user, network and
+	// rlimit settings. A backend that must hold the child until it is placed
+	// (systemd) uses it and releases it in Started; when Shim is nil such a
+	// backend wraps Cmd itself. Backends that need no hold ignore it, so the
+	// reactor calls Shim.Release (idempotent) after Started returns nil. The
+	// reactor keeps ownership: it closes the Handle.
+	Shim *shim.Handle
 }
 
 // Stats is what a backend can observe of a tree. A field a backend cannot

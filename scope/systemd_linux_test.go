@@ -1,0 +1,204 @@
+package scope
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const hybridMountinfo = `25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+26 25 0:24 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:8 - tmpfs tmpfs ro,mode=755
+27 26 0:25 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate
+28 26 0:26 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:10 - cgroup cgroup rw,xattr,name=systemd
+31 26 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,cpu,cpuacct
+32 26 0:30 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,memory
+33 26 0:31 / /sys/fs/cgroup/pids rw,nosuid,nodev,noexec,relatime shared:15 - cgroup cgroup rw,pids
+`
+
+const v2Mountinfo = `25 30 0:23 / /sys rw shared:7 - sysfs sysfs rw
+26 25 0:24 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:8 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+40 26 0:24 /some/where /mnt/other\040dir rw shared:9 - cgroup2 cgroup2 rw
+`
+
+func TestSdParseLayout(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want sdLayout
+	}{
+		{"hybrid", hybridMountinfo, sdLayout{
+			Unified: sdMount{"/sys/fs/cgroup/unified", "/"},
+			Systemd: sdMount{"/sys/fs/cgroup/systemd", "/"},
+			CPUAcct: sdMount{"/sys/fs/cgroup/cpu,cpuacct", "/"},
+			Memory:  sdMount{"/sys/fs/cgroup/memory", "/"},
+			Pids:    sdMount{"/sys/fs/cgroup/pids", "/"},
+		}},
+		{"v2 prefers /sys/fs/cgroup", v2Mountinfo, sdLayout{Unified: sdMount{"/sys/fs/cgroup", "/"}}},
+		{"nothing", "garbage line\n", sdLayout{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := sdParseLayout([]byte(tt.in)); got != tt.want {
+				t.Errorf("sdParseLayout = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSdMountDir(t *testing.T) {
+	tests := []struct {
+		m    sdMount
+		cg   string
+		want string
+	}{
+		{sdMount{"/sys/fs/cgroup", "/"}, "/corral.slice/corral-x.scope", "/sys/fs/cgroup/corral.slice/corral-x.scope"},
+		{sdMount{"/sys/fs/cgroup/memory", "/"}, "corral.slice/corral-x.scope", "/sys/fs/cgroup/memory/corral.slice/corral-x.scope"},
+		{sdMount{"/mnt/cg", "/outer"}, "/outer/corral.slice/a.scope", "/mnt/cg/corral.slice/a.scope"},
+		{sdMount{"/mnt/cg", "/outer"}, "/outerx/a.scope", ""}, // not below the mount's root
+		{sdMount{"/mnt/cg", "/outer"}, "/other/a.scope", ""},
+		{sdMount{}, "/corral.slice/a.scope", ""},
+	}
+	for _, tt := range tests {
+		if got := tt.m.dir(tt.cg); got != tt.want {
+			t.Errorf("%+v.dir(%q) = %q, want %q", tt.m, tt.cg, got, tt.want)
+		}
+	}
+}
+
+func TestSdUnitName(t *testing.T) {
+	tests := []struct {
+		id      string
+		want    string
+		wantErr bool
+	}{
+		{"0193c0de-7f00-7abc-8def-0123456789ab", "corral-0193c0de-7f00-7abc-8def-0123456789ab.scope", false},
+		{"my_key.v1:2", "corral-my_key.v1:2.scope", false},
+		{"", "", true},
+		{"a/b", "", true},
+		{"with space", "", true},
+		{"at@sign", "", true},
+		{strings.Repeat("x", 250), "", true},
+	}
+	for _, tt := range tests {
+		got, err := sdUnitName(tt.id)
+		if got != tt.want || (err != nil) != tt.wantErr {
+			t.Errorf("sdUnitName(%q) = %q, %v; want %q, error %v", tt.id, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestSdDescription(t *testing.T) {
+	if got, want := sdDescription("x", []string{"sh", "-c", "true"}), "corral x: sh -c true"; got != want {
+		t.Errorf("sdDescription = %q, want %q", got, want)
+	}
+	long := sdDescription("x", []string{strings.Repeat("é", 300)})
+	if len(long) > 203 || !strings.HasSuffix(long, "...") || !strings.HasPrefix(long, "corral x: éé") {
+		t.Errorf("long description = %q (%d bytes), want it cut near 200 bytes with ...", long, len(long))
+	}
+	if !strings.HasSuffix(strings.TrimSuffix(long, "..."), "é") {
+		t.Errorf("long description %q split a UTF-8 sequence", long)
+	}
+}
+
+// writeFiles creates dir/name with content for each entry.
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestSdPathsStatsV2(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "corral-x.scope")
+	writeFiles(t, dir, map[string]string{
+		"cpu.stat":       "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\nnr_periods 0\n",
+		"memory.peak":    "4096\n",
+		"memory.events":  "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 0\n",
+		"pids.current":   "3\n",
+		"pids.peak":      "7\n",
+		"cgroup.events":  "populated 1\nfrozen 0\n",
+		"cgroup.procs":   "",
+		"memory.current": "1024\n",
+	})
+	p := sdPaths{Unified: dir}
+	want := Stats{CPUUsageNS: 1500000, CPUUserNS: 1000000, CPUSystemNS: 500000, MemoryPeak: 4096, TasksPeak: 7, Tasks: 3, OOMKills: 2}
+	if got := p.stats(); got != want {
+		t.Errorf("stats = %+v, want %+v", got, want)
+	}
+	if empty, err := p.empty(); empty || err != nil {
+		t.Errorf("empty = %v, %v; want false (populated 1)", empty, err)
+	}
+	writeFiles(t, dir, map[string]string{"cgroup.events": "populated 0\nfrozen 0\n"})
+	if empty, err := p.empty(); !empty || err != nil {
+		t.Errorf("empty = %v, %v; want true (populated 0)", empty, err)
+	}
+	if empty, err := (sdPaths{Unified: dir + "-gone"}).empty(); !empty || err != nil {
+		t.Errorf("empty of a pruned cgroup = %v, %v; want true", empty, err)
+	}
+}
+
+func TestSdPathsStatsHybrid(t *testing.T) {
+	root := t.TempDir()
+	p := sdPaths{
+		Unified: filepath.Join(root, "unified", "s"),
+		Systemd: filepath.Join(root, "systemd", "s"),
+		CPUAcct: filepath.Join(root, "cpuacct", "s"),
+		Memory:  filepath.Join(root, "memory", "s"),
+		Pids:    filepath.Join(root, "pids", "s"),
+	}
+	// The unified hierarchy of a hybrid host has no controllers: only
+	// cgroup.events and the core cpu.stat. Leave cpu.stat out to exercise
+	// the cpuacct fallback.
+	writeFiles(t, p.Unified, map[string]string{"cgroup.events": "populated 1\n"})
+	writeFiles(t, p.CPUAcct, map[string]string{"cpuacct.usage": "900\n", "cpuacct.usage_user": "600\n", "cpuacct.usage_sys": "300\n"})
+	writeFiles(t, p.Memory, map[string]string{
+		"memory.max_usage_in_bytes": "8192\n",
+		"memory.oom_control":        "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+	})
+	writeFiles(t, p.Pids, map[string]string{"pids.current": "4\n"})
+	want := Stats{CPUUsageNS: 900, CPUUserNS: 600, CPUSystemNS: 300, MemoryPeak: 8192, TasksPeak: Unknown, Tasks: 4, OOMKills: 1}
+	if got := p.stats(); got != want {
+		t.Errorf("stats = %+v, want %+v", got, want)
+	}
+}
+
+func TestSdPathsEmptyLegacy(t *testing.T) {
+	root := t.TempDir()
+	p := sdPaths{Systemd: filepath.Join(root, "s")}
+	writeFiles(t, p.Systemd, map[string]string{"cgroup.procs": ""})
+	writeFiles(t, filepath.Join(p.Systemd, "child"), map[string]string{"cgroup.procs": "123\n"})
+	if empty, err := p.empty(); empty || err != nil {
+		t.Errorf("empty = %v, %v; want false (a child cgroup has a process)", empty, err)
+	}
+	writeFiles(t, filepath.Join(p.Systemd, "child"), map[string]string{"cgroup.procs": ""})
+	if empty, err := p.empty(); !empty || err != nil {
+		t.Errorf("empty = %v, %v; want true", empty, err)
+	}
+}
+
+func TestSdMerge(t *testing.T) {
+	last := Stats{CPUUsageNS: 100, CPUUserNS: 60, CPUSystemNS: 40, MemoryPeak: 50, TasksPeak: 5, Tasks: 5, OOMKills: 1}
+	tests := []struct {
+		name string
+		now  Stats
+		gone bool
+		want Stats
+	}{
+		{"grows", Stats{200, 120, 80, 70, 6, 2, 1}, false, Stats{200, 120, 80, 70, 6, 2, 1}},
+		{"pruned keeps last", unknownStats(), true, Stats{100, 60, 40, 50, 5, 0, 1}},
+		{"no kernel peak: highest count", Stats{200, 120, 80, 70, Unknown, 9, 1}, false, Stats{200, 120, 80, 70, 9, 9, 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := sdMerge(last, tt.now, tt.gone); got != tt.want {
+				t.Errorf("sdMerge = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
