@@ -163,10 +163,11 @@ func (s *SQLite) open(o Options) error {
 	// quick_check reads every page: cheap for a database that retention
 	// keeps small, and a corrupt file is found now rather than mid-run.
 	var check string
-	if err := s.conn.QueryRowContext(ctx, "PRAGMA quick_check").Scan(&check); err != nil {
+	if err := s.conn.QueryRowContext(ctx, "PRAGMA quick_check(3)").Scan(&check); err != nil {
 		return fmt.Errorf("check database: %w", err)
 	}
 	if check != "ok" {
+		check = strings.ReplaceAll(strings.TrimPrefix(check, "*** in database main ***\n"), "\n", "; ")
 		return fmt.Errorf("database is corrupt: %s", check)
 	}
 	if err := migrate(ctx, s.conn); err != nil {

@@ -207,6 +207,52 @@ func TestCorruptFile(t *testing.T) {
 	}
 }
 
+// TestCorruptPage damages a page in the middle of a valid database: Open
+// must refuse it rather than run on it.
+func TestCorruptPage(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		rec := newRecord(fmt.Sprintf("p%d", i), 1000, i, map[string]string{"n": fmt.Sprint(i)})
+		mustCreate(t, s, rec)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, FileName)
+	if _, err := os.Stat(path + "-wal"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Close the WAL is still there (%v), want it checkpointed and removed", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := f.Stat()
+	if fi.Size() < 8*4096 {
+		t.Fatalf("database is only %d bytes", fi.Size())
+	}
+	// Scribble over the middle of every page but the first (the header).
+	junk := bytes.Repeat([]byte{0xa5}, 512)
+	for off := int64(4096); off+4096 <= fi.Size(); off += 4096 {
+		if _, err := f.WriteAt(junk, off+1024); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	if s, err := Open(dir, testLogger(t)); err == nil {
+		s.Close()
+		t.Fatalf("Open(database with damaged pages) = nil error, want one")
+	} else {
+		t.Logf("Open(damaged) = %v", err)
+		if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "corrupt") {
+			t.Errorf("Open(damaged) = %q, want it to name %s and say it is corrupt", err, path)
+		}
+	}
+}
+
 func TestNewerSchemaRefused(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(dir, testLogger(t))

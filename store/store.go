@@ -13,6 +13,26 @@
 // transition only after the channel says so. Reads (Get, Output, List,
 // Unfinished) are synchronous, may run on any goroutine and may wait on disk,
 // so the loop should call them from a helper goroutine.
+//
+// Choices the reactor relies on:
+//
+//   - Ids are unique across owners (the primary key is the id alone), so
+//     exec.get finds a record by id and then checks its owner. exec.start with
+//     a known id is the reactor's to settle: the same owner gets the stored
+//     record (or -32004 if argv differs), another owner -32004 ("id in use").
+//     Create answers ErrExists as the backstop.
+//   - A transition applies when the stored state is at or before the state the
+//     caller moved from (UPDATE ... WHERE id = ? AND state <= from). States are
+//     ordered, so a late or duplicate transition is a no-op and a record never
+//     moves backwards, while a record left behind by a failed write catches up
+//     with the next transition.
+//   - Durability: WAL with synchronous=FULL by default, so an acknowledged write
+//     survives a kill -9 and a power loss; group commit makes it one fsync per
+//     batch. SyncNormal survives a kill -9 but not a power loss.
+//   - A failed write (disk full, read-only, I/O error) answers its channel with
+//     the error and makes Health non-nil until a later write succeeds; nothing
+//     of the failed transaction is kept. Writes batched with a failing one are
+//     retried alone, so one bad write fails alone.
 package store
 
 import (

@@ -1,0 +1,87 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/rs/zerolog"
+)
+
+// LostError is the error text of an execution the daemon lost track of.
+const LostError = "corrald restarted while the execution ran"
+
+// Lost returns rec as it ends when the daemon restarted while it ran: exited
+// with outcome lost at now. The caller moves it on to cleaned once the
+// execution's tree and scope are gone.
+func Lost(rec api.Record, now time.Time) api.Record {
+	rec.State = api.StateExited
+	rec.Outcome = ptrTo(api.OutcomeLost)
+	rec.ExitCode, rec.Signal = nil, nil
+	rec.Error = ptrTo(LostError)
+	rec.ExitedAt = &now
+	if rec.StartedAt != nil {
+		rec.DurationMS = now.Sub(*rec.StartedAt).Milliseconds()
+	}
+	return rec
+}
+
+// Recover settles, at start-up and before any new execution starts, the
+// records an earlier daemon left unfinished (Unfinished): started, running
+// and canceling ones move to exited with outcome lost; then clean is called
+// for each (it must kill what is left of the tree and remove its scope and
+// workspace, and may be called for an execution that left nothing), and on
+// success the record moves to cleaned. A record whose clean fails stays
+// exited, is logged and is retried at the next start-up. Recover waits for
+// every write, so it must not run on the loop goroutine. It returns the
+// number of records it cleaned.
+func Recover(s Store, log zerolog.Logger, now time.Time, clean func(api.Record) error) (int, error) {
+	recs, err := s.Unfinished()
+	if err != nil {
+		return 0, fmt.Errorf("recover: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, rec := range recs {
+		from := rec.State
+		if from != api.StateExited {
+			rec = Lost(rec, now)
+			if r := <-s.Transition(from, rec); r.Err != nil {
+				errs = append(errs, fmt.Errorf("recover %s: %w", rec.ID, r.Err))
+				continue
+			} else if !r.Applied {
+				continue // moved on meanwhile; nothing to settle
+			}
+			log.Warn().Str("exec_id", rec.ID).Stringer("was", from).Str("outcome", string(api.OutcomeLost)).
+				Msg("execution lost across a restart")
+		}
+		if err := clean(rec); err != nil {
+			log.Error().Err(err).Str("exec_id", rec.ID).Msg("recover: clean up failed; left exited")
+			continue
+		}
+		rec.State = api.StateCleaned
+		rec.CleanedAt = &now
+		if r := <-s.Transition(api.StateExited, rec); r.Err != nil {
+			errs = append(errs, fmt.Errorf("recover %s: %w", rec.ID, r.Err))
+			continue
+		} else if r.Applied {
+			n++
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// Status is what daemon.info reports for s: "memory", "ok", or
+// "degraded: <last write error>".
+func Status(s Store) string {
+	if _, ok := s.(*Memory); ok {
+		return "memory"
+	}
+	if err := s.Health(); err != nil {
+		return "degraded: " + err.Error()
+	}
+	return "ok"
+}
+
+func ptrTo[T any](v T) *T { return &v }
