@@ -65,7 +65,23 @@ type clientReply struct {
 }
 
 type subscriber struct {
-	fn func(method string, params json.RawMessage)
+	mu   sync.Mutex // held while fn runs, so that Follow can wait it out
+	done bool
+	fn   func(method string, params json.RawMessage)
+}
+
+func (s *subscriber) deliver(method string, params json.RawMessage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.done {
+		s.fn(method, params)
+	}
+}
+
+func (s *subscriber) stop() {
+	s.mu.Lock()
+	s.done = true
+	s.mu.Unlock()
 }
 
 // clientRequest is a request or, without ID, a notification.
@@ -316,22 +332,23 @@ func (c *Client) deliverNote(method string, params json.RawMessage) {
 		id = target.Record.ID
 	}
 	c.mu.Lock()
-	var fns []func(string, json.RawMessage)
+	var subs []*subscriber
 	for s := range c.subs[id] {
-		fns = append(fns, s.fn)
+		subs = append(subs, s)
 	}
 	c.mu.Unlock()
-	for _, fn := range fns {
-		fn(method, params)
+	for _, s := range subs {
+		s.deliver(method, params)
 	}
 }
 
 // Follow calls exec.follow and passes each notification about p.ID to onNote
 // until the final record arrives. onNote runs on the Client's reader
 // goroutine, so it must not block for long and must not make calls on this
-// Client itself (hand the work to another goroutine). Every notification the
-// daemon sent before the response has been passed to onNote when Follow
-// returns. Two Follows of the same id on one Client each see the other's
+// Client itself (hand the work to another goroutine). params belongs to
+// onNote, which may keep it. Every notification the daemon sent before the
+// response has been passed to onNote when Follow returns, and onNote is not
+// called after Follow returns. Two Follows of the same id on one Client each see the other's
 // notifications.
 func (c *Client) Follow(ctx context.Context, p api.FollowParams, onNote func(method string, params json.RawMessage)) (api.Record, error) {
 	s := &subscriber{fn: onNote}
@@ -342,6 +359,7 @@ func (c *Client) Follow(ctx context.Context, p api.FollowParams, onNote func(met
 	c.subs[p.ID][s] = struct{}{}
 	c.mu.Unlock()
 	defer func() {
+		s.stop()
 		c.mu.Lock()
 		delete(c.subs[p.ID], s)
 		if len(c.subs[p.ID]) == 0 {

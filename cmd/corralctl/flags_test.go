@@ -1,0 +1,191 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+)
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    int64
+		wantErr bool
+	}{
+		{"0", 0, false},
+		{"4096", 4096, false},
+		{"1K", 1024, false},
+		{"100k", 102400, false},
+		{"512M", 512 << 20, false},
+		{"512MB", 512 << 20, false},
+		{"1GiB", 1 << 30, false},
+		{"2g", 2 << 30, false},
+		{"1T", 1 << 40, false},
+		{"10B", 10, false},
+		{"", 0, true},
+		{"M", 0, true},
+		{"-1M", 0, true},
+		{"1.5G", 0, true},
+		{"12X", 0, true},
+		{"99999999999G", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := parseSize(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d, error %t", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    time.Duration
+		wantErr bool
+	}{
+		{"30s", 30 * time.Second, false},
+		{"1m30s", 90 * time.Second, false},
+		{"500ms", 500 * time.Millisecond, false},
+		{"10", 10 * time.Second, false},
+		{"1.5", 1500 * time.Millisecond, false},
+		{"0", 0, false},
+		{"-1s", 0, true},
+		{"-3", 0, true},
+		{"soon", 0, true},
+		{"NaN", 0, true},
+		{"", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := parseDuration(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("parseDuration(%q) = %v, %v; want %v, error %t", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+	if got := millis(300 * time.Microsecond); got != 1 {
+		t.Errorf("millis(300µs) = %d, want 1 (not 0, which means default)", got)
+	}
+}
+
+func TestParseRun(t *testing.T) {
+	orig := osLookup
+	t.Cleanup(func() { osLookup = orig })
+	osLookup = func(k string) (string, bool) {
+		if k == "HOME" {
+			return "/home/me", true
+		}
+		return "", false
+	}
+
+	tests := []struct {
+		name    string
+		args    []string
+		want    api.StartParams
+		wantErr string
+	}{
+		{
+			name: "all flags",
+			args: []string{"--timeout", "5s", "--grace", "1s", "--cpu", "15s", "--memory", "512M",
+				"--tasks", "10", "--env", "A=1", "--env", "B=x=y", "--env", "HOME", "--cwd", "/tmp",
+				"--label", "tool_call=abc", "--network", "none", "--id", "key1", "--output-limit", "1K",
+				"--user", "nobody", "--redact", "-i", "--", "python3", "-c", "print(1)"},
+			want: api.StartParams{
+				Argv: []string{"python3", "-c", "print(1)"}, TimeoutMS: 5000, GraceMS: 1000, CPUMS: 15000,
+				MemoryBytes: 512 << 20, TasksMax: 10, Env: map[string]string{"A": "1", "B": "x=y", "HOME": "/home/me"},
+				Cwd: "/tmp", Labels: map[string]string{"tool_call": "abc"}, Network: "none", ID: "key1",
+				OutputLimitBytes: 1024, User: "nobody", Redact: true, StdinOpen: true,
+			},
+		},
+		{
+			name: "command flags are the command's",
+			args: []string{"--timeout", "2s", "ls", "-l", "--timeout", "9"},
+			want: api.StartParams{Argv: []string{"ls", "-l", "--timeout", "9"}, TimeoutMS: 2000},
+		},
+		{
+			name: "defaults are zero (daemon defaults)",
+			args: []string{"--", "true"},
+			want: api.StartParams{Argv: []string{"true"}},
+		},
+		{name: "no command", args: []string{"--timeout", "1s"}, wantErr: "no command"},
+		{name: "bad network", args: []string{"--network", "bridge", "true"}, wantErr: "--network"},
+		{name: "bad size", args: []string{"--memory", "lots", "true"}, wantErr: "invalid size"},
+		{name: "bad duration", args: []string{"--timeout", "-5s", "true"}, wantErr: "negative"},
+		{name: "bad env", args: []string{"--env", "=x", "true"}, wantErr: "KEY=VALUE"},
+		{name: "unset env", args: []string{"--env", "NOPE_NOT_SET", "true"}, wantErr: "not set"},
+		{name: "bad label", args: []string{"--label", "novalue", "true"}, wantErr: "KEY=VALUE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("run", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			o, argv, err := parseRun(fs, tt.args)
+			var p api.StartParams
+			if err == nil {
+				p, err = o.startParams(argv)
+			}
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(p, tt.want) {
+				t.Errorf("params = %+v\nwant      %+v", p, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseInterspersed(t *testing.T) {
+	tests := []struct {
+		args     []string
+		wantPos  []string
+		wantJSON bool
+		wantF    bool
+	}{
+		{[]string{"ID", "--json"}, []string{"ID"}, true, false},
+		{[]string{"--json", "ID"}, []string{"ID"}, true, false},
+		{[]string{"-f", "ID", "SIG", "--json"}, []string{"ID", "SIG"}, true, true},
+		{[]string{"--", "-ID"}, []string{"-ID"}, false, false},
+		{[]string{"ID", "--", "--json"}, []string{"ID", "--json"}, false, false},
+	}
+	for _, tt := range tests {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		j := fs.Bool("json", false, "")
+		f := fs.Bool("f", false, "")
+		pos, err := parseInterspersed(fs, tt.args)
+		if err != nil || !reflect.DeepEqual(pos, tt.wantPos) || *j != tt.wantJSON || *f != tt.wantF {
+			t.Errorf("parseInterspersed(%q) = %q, %v (json %t, f %t); want %q (json %t, f %t)",
+				tt.args, pos, err, *j, *f, tt.wantPos, tt.wantJSON, tt.wantF)
+		}
+	}
+}
+
+func TestSocketPath(t *testing.T) {
+	tests := []struct {
+		flag, env, want string
+	}{
+		{"", "", "/run/corral/corrald.sock"},
+		{"", "/tmp/env.sock", "/tmp/env.sock"},
+		{"/tmp/flag.sock", "/tmp/env.sock", "/tmp/flag.sock"},
+	}
+	for _, tt := range tests {
+		g := &globalFlags{socket: tt.flag}
+		e := &env{getenv: func(k string) string {
+			if k == "CORRAL_SOCKET" {
+				return tt.env
+			}
+			return ""
+		}}
+		if got := g.socketPath(e); got != tt.want {
+			t.Errorf("socketPath(flag %q, env %q) = %q, want %q", tt.flag, tt.env, got, tt.want)
+		}
+	}
+}

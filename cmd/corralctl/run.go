@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
+)
+
+// runOptions are the flags of `corralctl run`.
+type runOptions struct {
+	timeout, grace, cpu durationFlag
+	memory, outputLimit sizeFlag
+	tasks               int64
+	env, labels         kvFlag
+	cwd, network, id    string
+	user                string
+	redact, detach      bool
+	stdin               bool
+}
+
+func (o *runOptions) register(fs *flag.FlagSet) {
+	o.env.what, o.labels.what = "--env", "--label"
+	fs.Var(&o.timeout, "timeout", "wall-clock `limit`, e.g. 30s (daemon default 30s)")
+	fs.Var(&o.grace, "grace", "`time` between SIGTERM and SIGKILL (daemon default 2s)")
+	fs.Var(&o.cpu, "cpu", "CPU time `limit` of the whole process tree, e.g. 15s")
+	fs.Var(&o.memory, "memory", "memory `limit`, e.g. 512M (K, M, G: powers of 1024)")
+	fs.Int64Var(&o.tasks, "tasks", 0, "maximum processes+threads (daemon default 256)")
+	fs.Var(&o.env, "env", "`K=V` environment variable for the command (repeatable; bare K passes this shell's $K)")
+	fs.StringVar(&o.cwd, "cwd", "", "working `DIR` of the command")
+	fs.Var(&o.labels, "label", "`k=v` label (repeatable)")
+	fs.StringVar(&o.network, "network", "", "`host` (default) or none")
+	fs.StringVar(&o.id, "id", "", "idempotency `KEY`: the execution's id")
+	fs.Var(&o.outputLimit, "output-limit", "output `size` kept per stream (daemon default 256K)")
+	fs.StringVar(&o.user, "user", "", "run as `NAME` (root callers only)")
+	fs.BoolVar(&o.redact, "redact", false, "ask the daemon to redact secrets from kept output")
+	fs.BoolVar(&o.detach, "detach", false, "start the command, print its id and exit")
+	fs.BoolVar(&o.stdin, "stdin", false, "forward this process's stdin to the command")
+	fs.BoolVar(&o.stdin, "i", false, "shorthand for --stdin")
+}
+
+// startParams turns the flags and the command into exec.start params.
+func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
+	if len(argv) == 0 {
+		return api.StartParams{}, errors.New("no command given (corralctl run [flags] -- CMD [ARG...])")
+	}
+	switch o.network {
+	case "", "host", "none":
+	default:
+		return api.StartParams{}, fmt.Errorf("invalid --network %q: want host or none", o.network)
+	}
+	if o.tasks < 0 {
+		return api.StartParams{}, fmt.Errorf("invalid --tasks %d: negative", o.tasks)
+	}
+	return api.StartParams{
+		Argv:             argv,
+		Env:              o.env.m,
+		Cwd:              o.cwd,
+		StdinOpen:        o.stdin,
+		TimeoutMS:        millis(o.timeout.d),
+		GraceMS:          millis(o.grace.d),
+		CPUMS:            millis(o.cpu.d),
+		MemoryBytes:      o.memory.n,
+		TasksMax:         o.tasks,
+		OutputLimitBytes: o.outputLimit.n,
+		Labels:           o.labels.m,
+		ID:               o.id,
+		User:             o.user,
+		Network:          o.network,
+		Redact:           o.redact,
+	}, nil
+}
+
+// parseRun parses run's arguments: flags up to the first non-flag argument
+// or "--", then the command. A flag error has been reported on fs's output.
+func parseRun(fs *flag.FlagSet, args []string) (*runOptions, []string, error) {
+	o := &runOptions{}
+	o.register(fs)
+	o.env.lookup = osLookup
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	return o, fs.Args(), nil
+}
+
+func cmdRun(e *env, g *globalFlags, args []string) int {
+	fs := newFlagSet(e, g, "run")
+	o, argv, err := parseRun(fs, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitFailure
+	}
+	p, err := o.startParams(argv)
+	if err != nil {
+		return fail(e, exitFailure, "%v", err)
+	}
+	ctx := context.Background()
+
+	// Take SIGINT/SIGTERM before starting, so that no signal can leave an
+	// execution running behind a dead corralctl.
+	var sigs <-chan os.Signal
+	if e.notifySignals != nil {
+		ch, stop := e.notifySignals()
+		defer stop()
+		sigs = ch
+	}
+
+	c, err := dial(ctx, e, g)
+	if err != nil {
+		return fail(e, exitFailure, "%v", err)
+	}
+	defer c.Close()
+	rec, err := c.Start(ctx, p)
+	if err != nil {
+		return fail(e, exitFailure, "start %s: %s", argvString(p.Argv, 60), describe(err))
+	}
+
+	if o.detach {
+		if g.json {
+			if err := printJSON(e.stdout, rec); err != nil {
+				return fail(e, exitFailure, "%v", err)
+			}
+		} else {
+			fmt.Fprintln(e.stdout, rec.ID)
+		}
+		if rec.Outcome != nil && *rec.Outcome == api.OutcomeStartFailed {
+			_, msg := exitStatus(rec)
+			fmt.Fprintf(e.stderr, "corralctl: %s\n", msg)
+		}
+		return 0
+	}
+	return attach(ctx, e, g, c, rec, o.stdin, sigs)
+}
+
+// attach streams a started execution's output until it is cleaned and
+// returns the exit status. The first SIGINT/SIGTERM cancels the execution
+// (and keeps streaming until it is gone); a second one stops waiting.
+func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.Record, stdin bool, sigs <-chan os.Signal) int {
+	followCtx, stopFollow := context.WithCancel(ctx)
+	defer stopFollow()
+
+	var (
+		mu          sync.Mutex
+		interrupted os.Signal
+	)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(done)
+		wg.Wait()
+	}()
+	if sigs != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cancelled := false
+			for {
+				select {
+				case <-done:
+					return
+				case sig := <-sigs:
+					if cancelled {
+						mu.Lock()
+						interrupted = sig
+						mu.Unlock()
+						stopFollow()
+						continue
+					}
+					cancelled = true
+					fmt.Fprintf(e.stderr, "corralctl: %v: cancelling %s (again to stop waiting)\n", sig, rec.ID)
+					if _, err := c.Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: fmt.Sprintf("corralctl received %v", sig)}); err != nil {
+						fmt.Fprintf(e.stderr, "corralctl: cancel %s: %s\n", rec.ID, describe(err))
+					}
+				}
+			}
+		}()
+	}
+	if stdin {
+		// Not waited for: a read from a terminal cannot be interrupted, and
+		// the process exits when the execution is done.
+		go forwardStdin(followCtx, c, rec.ID, e.stdin)
+	}
+
+	st := newStreamer(c, rec.ID, map[string]io.Writer{"stdout": e.stdout, "stderr": e.stderr}, e.stderr)
+	final, err := st.follow(followCtx)
+	if err != nil {
+		mu.Lock()
+		sig := interrupted
+		mu.Unlock()
+		if sig != nil {
+			fmt.Fprintf(e.stderr, "corralctl: stopped waiting for %s\n", rec.ID)
+			if n := signalNumber(sig.String()); n > 0 {
+				return exitSignalBase + n
+			}
+			return exitFailure
+		}
+		return fail(e, exitFailure, "follow %s: %s", rec.ID, describe(err))
+	}
+	if final.Outcome == nil {
+		// Follow ended without an outcome (a daemon that stops following
+		// early); ask for the final record.
+		if final, err = c.Wait(ctx, api.WaitParams{ID: rec.ID}); err != nil {
+			return fail(e, exitFailure, "wait %s: %s", rec.ID, describe(err))
+		}
+	}
+	code, msg := exitStatus(final)
+	if g.json {
+		if err := printJSON(e.stdout, final); err != nil {
+			return fail(e, exitFailure, "%v", err)
+		}
+	}
+	if msg != "" {
+		fmt.Fprintf(e.stderr, "corralctl: %s\n", msg)
+	}
+	return code
+}
+
+// forwardStdin copies r to the execution's stdin with exec.write and closes
+// it at EOF. It gives up quietly when the execution no longer takes input.
+func forwardStdin(ctx context.Context, c *ipc.Client, id string, r io.Reader) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if _, werr := c.Write(ctx, api.WriteParams{ID: id, Data: buf[:n]}); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_, _ = c.Write(ctx, api.WriteParams{ID: id, Close: true})
+			return
+		}
+	}
+}
