@@ -343,6 +343,40 @@ func TestDiskFull(t *testing.T) {
 	}
 }
 
+// TestReadOnly opens an existing store through a read-only bind mount: Open
+// fails with an error naming the file instead of running without writes.
+func TestReadOnly(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to bind-mount read-only")
+	}
+	dir, ro := t.TempDir(), t.TempDir()
+	s, err := Open(dir, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, s, newRecord("x", 1000, 0, nil))
+	s.Close()
+	if err := syscall.Mount(dir, ro, "", syscall.MS_BIND, ""); err != nil {
+		t.Skipf("cannot bind-mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(ro, 0); err != nil {
+			t.Errorf("unmount %s: %v", ro, err)
+		}
+	})
+	if err := syscall.Mount("", ro, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+		t.Skipf("cannot remount read-only: %v", err)
+	}
+	s, err = Open(ro, testLogger(t))
+	if err == nil {
+		s.Close()
+		t.Fatalf("Open(read-only) = nil error, want one")
+	}
+	if !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), filepath.Join(ro, FileName)) {
+		t.Errorf("Open(read-only) = %q, want it to name the file and say read-only", err)
+	}
+}
+
 const crashChildEnv = "CORRAL_STORE_CRASH_CHILD"
 
 // crashChild runs in a re-executed test binary: it writes records as fast as
