@@ -36,6 +36,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -126,14 +127,45 @@ const (
 )
 
 // KeptOutput is what is kept of one output stream: Head holds the stream's
-// bytes from offset 0, Tail the bytes from TailOffset, Total the number of
-// bytes the child wrote. When the stream was not truncated, Head holds it all
-// and Tail is empty (TailOffset == len(Head) == Total).
+// bytes from offset 0, Tail the bytes from TailOffset to the end, Total the
+// number of bytes the child wrote. The bytes between len(Head) and
+// TailOffset were dropped; when TailOffset == len(Head), nothing was.
 type KeptOutput struct {
 	Head       []byte
 	Tail       []byte
 	TailOffset int64
 	Total      int64
+}
+
+// Info returns the stream's api.StreamInfo.
+func (k KeptOutput) Info() api.StreamInfo {
+	kept := int64(len(k.Head) + len(k.Tail))
+	return api.StreamInfo{TotalBytes: k.Total, KeptBytes: kept, Truncated: k.Total > kept}
+}
+
+// Read returns up to limit kept bytes (all of them when limit <= 0) from
+// offset, as exec.output answers: when offset lies in the dropped middle, gap
+// is true and data starts at the first kept byte after it; start says where
+// data begins. At or past the end it returns no data and start == Total.
+func (k KeptOutput) Read(offset, limit int64) (data []byte, start int64, gap bool) {
+	offset = max(offset, 0)
+	if offset >= k.Total {
+		return nil, k.Total, false
+	}
+	if limit <= 0 {
+		limit = k.Total
+	}
+	if head := int64(len(k.Head)); offset < head {
+		return bytes.Clone(k.Head[offset:min(head, offset+limit)]), offset, false
+	}
+	if offset < k.TailOffset {
+		gap, offset = true, k.TailOffset // in the dropped middle
+	}
+	from := offset - k.TailOffset
+	if from >= int64(len(k.Tail)) {
+		return nil, k.Total, gap
+	}
+	return bytes.Clone(k.Tail[from:min(int64(len(k.Tail)), from+limit)]), offset, gap
 }
 
 // Output is the kept output of one stream of an execution.

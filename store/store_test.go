@@ -510,3 +510,44 @@ func TestLegal(t *testing.T) {
 		}
 	}
 }
+
+func TestKeptOutputRead(t *testing.T) {
+	// "0123456789" written, "0123" and "89" kept, "4567" dropped.
+	trunc := KeptOutput{Head: []byte("0123"), Tail: []byte("89"), TailOffset: 8, Total: 10}
+	// "012345" written, all kept: head "012", tail "345".
+	whole := KeptOutput{Head: []byte("012"), Tail: []byte("345"), TailOffset: 3, Total: 6}
+	for _, tc := range []struct {
+		name          string
+		k             KeptOutput
+		offset, limit int64
+		data          string
+		start         int64
+		gap           bool
+	}{
+		{"all", trunc, 0, 0, "0123", 0, false},
+		{"head limit", trunc, 1, 2, "12", 1, false},
+		{"in the gap", trunc, 5, 0, "89", 8, true},
+		{"at the gap start", trunc, 4, 1, "8", 8, true},
+		{"tail", trunc, 9, 10, "9", 9, false},
+		{"at end", trunc, 10, 0, "", 10, false},
+		{"past end", trunc, 99, 0, "", 10, false},
+		{"negative offset", trunc, -5, 2, "01", 0, false},
+		{"whole head", whole, 0, 0, "012", 0, false},
+		{"whole tail", whole, 3, 0, "345", 3, false},
+		{"whole tail mid", whole, 4, 1, "4", 4, false},
+		{"empty", KeptOutput{}, 0, 0, "", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data, start, gap := tc.k.Read(tc.offset, tc.limit)
+			if string(data) != tc.data || start != tc.start || gap != tc.gap {
+				t.Errorf("Read(%d, %d) = %q, %d, %v; want %q, %d, %v", tc.offset, tc.limit, data, start, gap, tc.data, tc.start, tc.gap)
+			}
+		})
+	}
+	if got, want := trunc.Info(), (api.StreamInfo{TotalBytes: 10, KeptBytes: 6, Truncated: true}); got != want {
+		t.Errorf("Info() = %+v, want %+v", got, want)
+	}
+	if got, want := whole.Info(), (api.StreamInfo{TotalBytes: 6, KeptBytes: 6}); got != want {
+		t.Errorf("Info() = %+v, want %+v", got, want)
+	}
+}
