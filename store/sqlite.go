@@ -62,6 +62,7 @@ type SQLite struct {
 	wdb  *sql.DB   // owns conn; closed by Close
 	conn *sql.Conn // the write connection; used only by the writer goroutine after Open
 	rdb  *sql.DB   // read pool
+	lock *os.File  // flock on the state directory, held until Close
 
 	stmtInsert, stmtUpdate, stmtState, stmtOutput, stmtSaveOutput *sql.Stmt
 	stmtDelOutputs, stmtDelExecs                                  *sql.Stmt
@@ -114,16 +115,22 @@ func OpenOptions(dir string, log zerolog.Logger, o Options) (*SQLite, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
 	// Create the file ourselves so that it (and the -wal and -shm files,
 	// which SQLite creates with the database's mode) is not world-readable:
 	// records hold command lines and labels.
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
+		lock.Close()
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	f.Close()
 
 	s := &SQLite{
+		lock:     lock,
 		path:     path,
 		log:      log,
 		maxBatch: o.MaxBatch,
@@ -269,6 +276,10 @@ func (s *SQLite) closeDBs() error {
 	}
 	if s.rdb != nil {
 		errs = append(errs, s.rdb.Close())
+	}
+	if s.lock != nil {
+		// Closing the fd drops the flock, after the database is closed.
+		errs = append(errs, s.lock.Close())
 	}
 	return errors.Join(errs...)
 }

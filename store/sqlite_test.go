@@ -67,6 +67,31 @@ func TestReopen(t *testing.T) {
 	}
 }
 
+// TestSecondOpenRefused checks that two stores (two daemons) never share a
+// state directory, and that Close releases it.
+func TestSecondOpenRefused(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(dir, testLogger(t))
+	if err == nil {
+		s2.Close()
+		s.Close()
+		t.Fatalf("second Open of %s = nil error, want 'in use'", dir)
+	}
+	if want := fmt.Sprintf("in use by pid %d", os.Getpid()); !strings.Contains(err.Error(), want) {
+		t.Errorf("second Open = %q, want it to say %q", err, want)
+	}
+	mustCreate(t, s, newRecord("still", 1000, 0, nil)) // the first one is unaffected
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s3 := openTemp(t, dir)
+	mustGet(t, s3, "still")
+}
+
 func TestGroupCommit(t *testing.T) {
 	s := openTemp(t, t.TempDir())
 	const n = 1000
@@ -372,8 +397,8 @@ func TestReadOnly(t *testing.T) {
 		s.Close()
 		t.Fatalf("Open(read-only) = nil error, want one")
 	}
-	if !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), filepath.Join(ro, FileName)) {
-		t.Errorf("Open(read-only) = %q, want it to name the file and say read-only", err)
+	if !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), ro) {
+		t.Errorf("Open(read-only) = %q, want it to name %s and say read-only", err, ro)
 	}
 }
 

@@ -29,6 +29,10 @@
 //   - Durability: WAL with synchronous=FULL by default, so an acknowledged write
 //     survives a kill -9 and a power loss; group commit makes it one fsync per
 //     batch. SyncNormal survives a kill -9 but not a power loss.
+//   - One process at a time: Open takes an exclusive flock on
+//     <dir>/corral.lock (dropped by the kernel if the daemon dies), so a
+//     second daemon on the same state directory fails to start instead of
+//     marking the first one's executions lost.
 //   - A failed write (disk full, read-only, I/O error) answers its channel with
 //     the error and makes Health non-nil until a later write succeeds; nothing
 //     of the failed transaction is kept. Writes batched with a failing one are

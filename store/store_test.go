@@ -20,14 +20,34 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashChildEnv); dir != "" {
 		crashChild(dir) // never returns
 	}
+	// The runtime's netpoller opens its epoll and eventfd on first use;
+	// start it now so that the baseline includes them.
+	if r, w, err := os.Pipe(); err == nil {
+		r.Close()
+		w.Close()
+	}
+	fds := openFDs()
 	code := m.Run()
 	if code == 0 {
 		if err := checkLeaks(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}
+		if after := openFDs(); after > fds {
+			fmt.Fprintf(os.Stderr, "leaked %d file descriptors\n", after-fds)
+
+			code = 1
+		}
 	}
 	os.Exit(code)
+}
+
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	return len(ents)
 }
 
 // checkLeaks fails when a writer or sweeper goroutine outlived its test.
