@@ -74,12 +74,12 @@ type Reactor struct {
 	readBuf []byte
 	reaper  *reaper // nil without Config.Subreaper
 
-	total     atomic.Int64
+	total atomic.Int64
 	// How exits were seen: through the pidfd in the loop, or by the
 	// fallback waiter goroutine.
 	reapedPidfd, reapedWaiter atomic.Int64
-	stopping  atomic.Bool
-	runningAt atomic.Int64 // running count mirrored for Info
+	stopping                  atomic.Bool
+	runningAt                 atomic.Int64 // running count mirrored for Info
 }
 
 var _ ipc.Service = (*Reactor)(nil)
@@ -598,3 +598,24 @@ func resolveUser(caller api.Owner, name string) (runAs, error) {
 	}
 	return ra, nil
 }
+
+// Every runs f on the loop goroutine every d until ctx ends. The watchdog
+// uses it: a loop that stops turning stops the pings, and systemd restarts
+// the daemon.
+func (r *Reactor) Every(ctx context.Context, d time.Duration, f func()) {
+	var tick func()
+	tick = func() {
+		if ctx.Err() != nil {
+			return
+		}
+		f()
+		r.loop.AfterFunc(d, tick)
+	}
+	r.post(func() { r.loop.AfterFunc(d, tick) })
+}
+
+// Running reports how many executions are not yet cleaned.
+func (r *Reactor) Running() int { return int(r.runningAt.Load()) }
+
+// Total reports how many executions were started since the daemon started.
+func (r *Reactor) Total() int64 { return r.total.Load() }

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// config is corrald's configuration: flags, each of which may also come from
+// the config file (flags win).
+type config struct {
+	socket       string
+	socketGroup  string
+	socketMode   uint
+	scope        string
+	stateDir     string
+	retention    time.Duration
+	configFile   string
+	noPidfd      bool
+	maxRunning   int
+	maxPerUID    int
+	killWait     time.Duration
+	drain        time.Duration
+	logLevel     string
+	logFormat    string
+	slice        string
+	cgroupBase   string
+	showVersion  bool
+	defTimeout   time.Duration
+	defGrace     time.Duration
+	defTasks     int64
+	defOutput    int64
+	sampleEvery  time.Duration
+	watchdogTick time.Duration
+}
+
+var errHelpShown = errors.New("help shown")
+
+const defaultConfigFile = "/etc/corral/corrald.conf"
+
+func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("corrald", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&c.socket, "socket", "/run/corral/corrald.sock", "Unix socket path to listen on (ignored under socket activation)")
+	fs.StringVar(&c.socketGroup, "socket-group", "corral", "group owning the socket; members may use corral (\"\" keeps root's)")
+	fs.UintVar(&c.socketMode, "socket-mode", 0o660, "permission bits of the socket")
+	fs.StringVar(&c.scope, "scope", "auto", "scope backend: auto|systemd|cgroup|pgroup")
+	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/corral", "state directory: workspaces and the execution store")
+	fs.DurationVar(&c.retention, "retention", time.Hour, "how long cleaned records stay queryable")
+	fs.StringVar(&c.configFile, "config", "", "config file of \"name = value\" lines, one per flag (default "+defaultConfigFile+" if it exists)")
+	fs.BoolVar(&c.noPidfd, "no-pidfd", false, "do not use pidfds: wait for children with a goroutine each (the fallback path)")
+	fs.IntVar(&c.maxRunning, "max-running", 1024, "cap on executions not yet cleaned, overall (0: none)")
+	fs.IntVar(&c.maxPerUID, "max-per-uid", 256, "cap on executions not yet cleaned, per caller uid (0: none)")
+	fs.DurationVar(&c.killWait, "kill-wait", 5*time.Second, "how long a tree may take to vanish after SIGKILL before it is reported as stuck")
+	fs.DurationVar(&c.drain, "drain", 10*time.Second, "on SIGTERM, how long running executions may finish before they are cancelled")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug|info|warn|error")
+	fs.StringVar(&c.logFormat, "log-format", "auto", "log output: auto (journald under systemd, else JSON on stderr)|journald|json|console")
+	fs.StringVar(&c.slice, "slice", "corral.slice", "systemd slice for execution scopes")
+	fs.StringVar(&c.cgroupBase, "cgroup-base", "", "cgroup v2 directory for execution cgroups (default: <own cgroup>/corral)")
+	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
+	fs.DurationVar(&c.defTimeout, "default-timeout", 30*time.Second, "exec.start timeout_ms default")
+	fs.DurationVar(&c.defGrace, "default-grace", 2*time.Second, "exec.start grace_ms default")
+	fs.Int64Var(&c.defTasks, "default-tasks-max", 256, "exec.start tasks_max default")
+	fs.Int64Var(&c.defOutput, "default-output-limit", 262144, "exec.start output_limit_bytes default")
+	fs.DurationVar(&c.sampleEvery, "sample-interval", 100*time.Millisecond, "how often cgroup counters are sampled for cpu_ms and OOM")
+	fs.DurationVar(&c.watchdogTick, "watchdog-interval", 0, "override the watchdog ping interval (default: half of WatchdogSec)")
+	return fs
+}
+
+// parseConfig parses args, then fills every flag not given on the command
+// line from the config file.
+func parseConfig(args []string) (*config, error) {
+	c := &config{}
+	fs := newFlagSet(c, os.Stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, errHelpShown
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	path, explicit := c.configFile, c.configFile != ""
+	if !explicit {
+		path = defaultConfigFile
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		if !explicit && errors.Is(err, os.ErrNotExist) {
+			return c, nil
+		}
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	defer f.Close()
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := applyConfigFile(fs, f, set); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// applyConfigFile reads "name = value" lines ('#' starts a comment) and sets
+// each flag not in skip.
+func applyConfigFile(fs *flag.FlagSet, r io.Reader, skip map[string]bool) error {
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			return fmt.Errorf("line %d: want name = value", n)
+		}
+		name, value = strings.TrimSpace(name), strings.Trim(strings.TrimSpace(value), `"`)
+		if fs.Lookup(name) == nil || name == "config" {
+			return fmt.Errorf("line %d: unknown setting %q", n, name)
+		}
+		if skip[name] {
+			continue
+		}
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("line %d: %s: %w", n, name, err)
+		}
+	}
+	return sc.Err()
+}

@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/reactor"
+	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/systemd"
+)
+
+func newLogger(c *config) zerolog.Logger {
+	level, err := zerolog.ParseLevel(c.logLevel)
+	if err != nil || c.logLevel == "" {
+		level = zerolog.InfoLevel
+	}
+	var w io.Writer = os.Stderr
+	switch c.logFormat {
+	case "journald":
+		w = systemd.JournalWriter()
+	case "console":
+		w = zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.RFC3339}
+	case "auto":
+		if systemd.UnderSystemd() {
+			w = systemd.JournalWriter()
+		}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Str("component", "corrald").Logger()
+}
+
+// run is the daemon: checks the host, picks the backend, cleans up after an
+// earlier run, listens, supervises until ctx ends, then shuts down
+// gracefully.
+func run(ctx context.Context, c *config, log zerolog.Logger) error {
+	host := scope.Detect()
+	checks := map[string]string{}
+
+	// Children inherit no_new_privs from the daemon, so no setuid binary
+	// can raise a child's privileges. Set on every thread (the flag is
+	// per-thread and Go forks from any of them).
+	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); errno != 0 {
+		checks["no_new_privs"] = "not set: " + errno.Error()
+		log.Warn().Err(errno).Msg("cannot set no_new_privs on the daemon; children may gain privileges through setuid binaries")
+	} else {
+		checks["no_new_privs"] = "ok"
+	}
+
+	backend, err := chooseBackend(ctx, c, host, log)
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	checks["backend"] = backend.Name()
+	if lc, ok := backend.(scope.LeftoverCleaner); ok {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		names, err := lc.CleanLeftovers(cctx)
+		cancel()
+		for _, n := range names {
+			log.Warn().Str("scope", n).Str("event", "leftover_removed").Msg("killed and removed a scope left by an earlier run")
+		}
+		if err != nil {
+			log.Warn().Err(err).Msg("clean leftover scopes")
+		}
+	}
+
+	if err := os.MkdirAll(c.stateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
+	}
+	if err := os.Chmod(c.stateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
+	}
+
+	ln, activated, err := listen(c, log)
+	if err != nil {
+		return err
+	}
+
+	r, err := reactor.New(reactor.Config{
+		Backend: backend,
+		Log:     log,
+		Defaults: api.Defaults{
+			TimeoutMS: c.defTimeout.Milliseconds(), GraceMS: c.defGrace.Milliseconds(),
+			TasksMax: c.defTasks, OutputLimitBytes: c.defOutput,
+		},
+		NoPidfd:        c.noPidfd,
+		KillWait:       c.killWait,
+		SampleInterval: c.sampleEvery,
+		Retention:      c.retention,
+		StateDir:       c.stateDir,
+		MaxRunning:     c.maxRunning,
+		MaxPerUID:      c.maxPerUID,
+		Subreaper:      true,
+		Info: api.Info{
+			Version: version, Pidfd: host.Pidfd, Cgroup: host.CgroupMode, Kernel: host.Kernel,
+			Socket: ln.Addr().String(), StateDir: c.stateDir, Store: "memory", Checks: checks,
+		},
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	loopCtx, stopLoop := context.WithCancel(context.Background())
+	loopDone := make(chan error, 1)
+	go func() { loopDone <- r.Run(loopCtx) }()
+
+	srv := ipc.NewServer(r, log)
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Serve(ln) }()
+
+	// Watchdog pings come from the loop goroutine itself: if the loop
+	// wedges, the pings stop and systemd restarts the daemon.
+	if wd, ok := systemd.WatchdogInterval(); ok {
+		every := wd / 2
+		if c.watchdogTick > 0 {
+			every = c.watchdogTick
+		}
+		r.Every(loopCtx, every, func() { systemd.Watchdog() })
+	}
+	r.Every(loopCtx, 5*time.Second, func() {
+		systemd.Status(fmt.Sprintf("%d running, %d total", r.Running(), r.Total()))
+	})
+	systemd.Ready()
+	log.Info().Str("event", "ready").Str("socket", ln.Addr().String()).Bool("socket_activated", activated).
+		Str("backend", backend.Name()).Str("cgroup", host.CgroupMode).Bool("pidfd", host.Pidfd && !c.noPidfd).
+		Str("kernel", host.Kernel).Str("version", version).Msg("corrald ready")
+
+	select {
+	case <-ctx.Done():
+	case err := <-srvDone:
+		if err != nil {
+			log.Error().Err(err).Msg("server stopped")
+		}
+	case err := <-loopDone:
+		stopLoop()
+		return fmt.Errorf("event loop stopped: %w", err)
+	}
+
+	// Graceful shutdown: refuse new work (-32005), let running executions
+	// finish for c.drain, then cancel them; every record ends before exit.
+	systemd.Stopping()
+	log.Info().Str("event", "stopping").Int("running", r.Running()).Dur("drain", c.drain).Msg("corrald stopping")
+	sctx, cancel := context.WithTimeout(context.Background(), c.drain+c.defGrace+c.killWait+10*time.Second)
+	defer cancel()
+	if err := r.Shutdown(sctx, c.drain); err != nil {
+		log.Error().Err(err).Msg("shutdown")
+	}
+	_ = srv.Shutdown(sctx)
+	stopLoop()
+	<-loopDone
+	if !activated {
+		os.Remove(c.socket)
+	}
+	log.Info().Str("event", "stopped").Msg("corrald stopped")
+	return nil
+}
+
+// chooseBackend picks the scope backend: under --scope auto, systemd when it
+// is the service manager, else cgroup v2 when a writable cgroup2 hierarchy
+// exists, else process groups.
+func chooseBackend(ctx context.Context, c *config, host scope.Host, log zerolog.Logger) (scope.Backend, error) {
+	tryCgroup := func() (scope.Backend, error) {
+		return scope.NewCgroup(scope.CgroupOptions{Base: c.cgroupBase, Log: log})
+	}
+	trySystemd := func() (scope.Backend, error) {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return scope.NewSystemd(cctx, scope.SystemdOptions{Slice: c.slice})
+	}
+	switch c.scope {
+	case "systemd":
+		return trySystemd()
+	case "cgroup":
+		return tryCgroup()
+	case "pgroup":
+		return scope.NewPgroup(), nil
+	case "auto":
+		if host.SystemdPID1 {
+			b, err := trySystemd()
+			if err == nil {
+				return b, nil
+			}
+			log.Warn().Err(err).Msg("systemd backend unavailable; trying cgroup v2")
+		}
+		if host.Cgroup2Mount != "" {
+			b, err := tryCgroup()
+			if err == nil {
+				return b, nil
+			}
+			log.Warn().Err(err).Msg("cgroup backend unavailable; falling back to process groups (descendants that setsid can escape)")
+		}
+		return scope.NewPgroup(), nil
+	}
+	return nil, fmt.Errorf("--scope %q: want auto, systemd, cgroup or pgroup", c.scope)
+}
+
+// listen returns the socket-activated listener if systemd passed one, else
+// creates the socket with the configured mode and group.
+func listen(c *config, log zerolog.Logger) (*net.UnixListener, bool, error) {
+	lns, err := systemd.Listeners()
+	if err != nil {
+		return nil, false, fmt.Errorf("socket activation: %w", err)
+	}
+	if len(lns) > 0 {
+		for _, extra := range lns[1:] {
+			extra.Close()
+		}
+		return lns[0], true, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(c.socket), 0o755); err != nil {
+		return nil, false, fmt.Errorf("socket dir: %w", err)
+	}
+	if err := removeStaleSocket(c.socket); err != nil {
+		return nil, false, err
+	}
+	// Create it with no permissions, then open it up: no window in which a
+	// stranger could connect.
+	old := unix.Umask(0o777)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: c.socket, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, false, fmt.Errorf("listen %s: %w", c.socket, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	gid := -1
+	if c.socketGroup != "" {
+		if g, err := user.LookupGroup(c.socketGroup); err == nil {
+			gid, _ = strconv.Atoi(g.Gid)
+		} else {
+			log.Warn().Str("group", c.socketGroup).Msg("socket group does not exist; only root can use the socket")
+		}
+	}
+	if err := os.Chown(c.socket, -1, gid); err != nil {
+		ln.Close()
+		return nil, false, fmt.Errorf("chown %s: %w", c.socket, err)
+	}
+	if err := os.Chmod(c.socket, os.FileMode(c.socketMode)); err != nil {
+		ln.Close()
+		return nil, false, fmt.Errorf("chmod %s: %w", c.socket, err)
+	}
+	return ln, false, nil
+}
+
+// removeStaleSocket removes a socket left by a dead daemon, and refuses to
+// start if a live daemon answers on it.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("socket %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("socket %s: exists and is not a socket", path)
+	}
+	if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		conn.Close()
+		return fmt.Errorf("socket %s: another corrald is listening", path)
+	}
+	return os.Remove(path)
+}

@@ -1,0 +1,47 @@
+// Command corrald is corral's supervisor daemon: it runs tool commands for
+// AI-agent processes that ask over a Unix socket (JSON-RPC 2.0), each in its
+// own kill-able scope, limited, observed, killed on time and cleaned up.
+//
+// See docs/corrald.md for flags and docs/protocol.md for the API.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/corral-dev/corral/shim"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	// The shim: corrald re-executed as a held child. It must run before
+	// anything else touches the process (flags, threads' state, fds).
+	if len(os.Args) > 1 && os.Args[1] == shim.Arg {
+		shim.Main()
+	}
+	cfg, err := parseConfig(os.Args[1:])
+	if errors.Is(err, errHelpShown) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "corrald:", err)
+		os.Exit(2)
+	}
+	if cfg.showVersion {
+		fmt.Println("corrald", version)
+		return
+	}
+	log := newLogger(cfg)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error().Err(err).Msg("corrald failed")
+		os.Exit(1)
+	}
+}

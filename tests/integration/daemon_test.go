@@ -1,0 +1,406 @@
+// Package integration runs a real corrald on this host (cgroup v2 and
+// process-group backends) and talks to it the way clients do: over its
+// socket with the Go client, raw JSON-RPC lines, and corralctl.
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("integration: skipped, needs root")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "corral-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	for _, b := range []string{"corrald", "corralctl"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b), "../../cmd/"+b)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Printf("build %s: %v\n%s", b, err, out)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// daemon is a corrald started for one test.
+type daemon struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	socket string
+	state  string
+	log    *os.File
+}
+
+func startDaemon(t *testing.T, args ...string) *daemon {
+	t.Helper()
+	dir := t.TempDir()
+	d := &daemon{t: t, socket: filepath.Join(dir, "corrald.sock"), state: filepath.Join(dir, "state")}
+	logf, err := os.Create(filepath.Join(dir, "corrald.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.log = logf
+	base := "/sys/fs/cgroup/unified/corral-it-" + strconv.Itoa(os.Getpid()) + "-" + filepath.Base(dir)
+	all := append([]string{"--socket", d.socket, "--state-dir", d.state, "--log-level", "debug",
+		"--kill-wait", "2s", "--config", "/dev/null", "--cgroup-base", base}, args...)
+	d.cmd = exec.Command(filepath.Join(binDir, "corrald"), all...)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { d.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			d.cmd.Process.Kill()
+			<-done
+		}
+		os.Remove(base)
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("corrald log:\n%s", tail(string(b), 4000))
+		}
+		logf.Close()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("unix", d.socket); err == nil {
+			c.Close()
+			return d
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logf.Name())
+			t.Fatalf("corrald did not listen: %s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func (d *daemon) client() *ipc.Client {
+	d.t.Helper()
+	c, err := ipc.Dial(d.socket)
+	if err != nil {
+		d.t.Fatalf("dial: %v", err)
+	}
+	d.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ctl runs corralctl against d and returns its exit code, stdout, stderr.
+func (d *daemon) ctl(args ...string) (int, string, string) {
+	d.t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "corralctl"), args...)
+	cmd.Env = append(os.Environ(), "CORRAL_SOCKET="+d.socket)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		d.t.Fatalf("corralctl: %v", err)
+	}
+	return code, out.String(), errb.String()
+}
+
+func (d *daemon) rss() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			kb, _ := strconv.ParseInt(strings.Fields(l)[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func backends() []string { return []string{"cgroup", "pgroup"} }
+
+func TestCorralctlExitCodes(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) {
+			d := startDaemon(t, "--scope", b)
+			for _, tc := range []struct {
+				name string
+				args []string
+				want int
+				out  string
+			}{
+				{"exit 0", []string{"run", "--", "sh", "-c", "echo out; echo err >&2"}, 0, "out\n"},
+				{"exit 42", []string{"run", "--", "sh", "-c", "exit 42"}, 42, ""},
+				{"exit 255", []string{"run", "--", "sh", "-c", "exit 255"}, 255, ""},
+				{"timeout", []string{"run", "--timeout", "300ms", "--", "sleep", "30"}, 124, ""},
+				{"killed by signal", []string{"run", "--", "sh", "-c", "kill -9 $$"}, 128 + 9, ""},
+				{"not found", []string{"run", "--", "no-such-corral-cmd"}, 127, ""},
+				{"refused", []string{"run", "--env", "A=B=C", "--cwd", "relative", "--", "true"}, 125, ""},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					code, out, errs := d.ctl(tc.args...)
+					if code != tc.want {
+						t.Errorf("corralctl %v exit = %d, want %d (stderr %q)", tc.args, code, tc.want, errs)
+					}
+					if tc.out != "" && out != tc.out {
+						t.Errorf("stdout = %q, want %q", out, tc.out)
+					}
+				})
+			}
+		})
+	}
+}
+
+func TestBackgroundAndEscapedDescendantsAreKilled(t *testing.T) {
+	cases := []struct {
+		backend, name, script string
+	}{
+		{"pgroup", "background", "sleep 1000 & echo $!"},
+		{"cgroup", "background", "sleep 1000 & echo $!"},
+		{"cgroup", "setsid double fork", `setsid sh -c 'sleep 1000 & echo $!' ; sleep 0.1`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.backend+"/"+tc.name, func(t *testing.T) {
+			d := startDaemon(t, "--scope", tc.backend)
+			c := d.client()
+			rec, err := c.Start(context.Background(), api.StartParams{Argv: []string{"sh", "-c", tc.script}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, err = c.Wait(context.Background(), api.WaitParams{ID: rec.ID})
+			if err != nil || rec.State != api.StateCleaned {
+				t.Fatalf("wait = %v %v", rec.State, err)
+			}
+			out, err := c.Output(context.Background(), api.OutputParams{ID: rec.ID})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(out.Data)))
+			if err != nil {
+				t.Fatalf("child pid from %q: %v", out.Data, err)
+			}
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+				stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				t.Errorf("descendant %d still exists after cleaned: %s", pid, stat)
+				exec.Command("kill", "-9", strconv.Itoa(pid)).Run()
+			}
+			if rec.Error != nil {
+				t.Errorf("record error = %q, want none", *rec.Error)
+			}
+		})
+	}
+}
+
+// rawConn speaks JSON-RPC lines directly.
+type rawConn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func (d *daemon) raw() *rawConn {
+	c, err := net.Dial("unix", d.socket)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.t.Cleanup(func() { c.Close() })
+	return &rawConn{t: d.t, c: c, br: bufio.NewReaderSize(c, 1<<16)}
+}
+
+func (r *rawConn) roundTrip(line string) map[string]any {
+	r.t.Helper()
+	r.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := r.c.Write([]byte(line + "\n")); err != nil {
+		r.t.Fatalf("write: %v", err)
+	}
+	resp, err := r.br.ReadBytes('\n')
+	if err != nil {
+		r.t.Fatalf("read reply to %.60q: %v", line, err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(resp, &m); err != nil {
+		r.t.Fatalf("reply %q: %v", resp, err)
+	}
+	return m
+}
+
+func errCode(m map[string]any) int {
+	e, ok := m["error"].(map[string]any)
+	if !ok {
+		return 0
+	}
+	return int(e["code"].(float64))
+}
+
+func TestMalformedInputGetsErrorsWhileOthersRunOn(t *testing.T) {
+	d := startDaemon(t, "--scope", "cgroup")
+	// Another client keeps working throughout.
+	other := d.client()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 20; i++ {
+			rec, err := other.Start(context.Background(), api.StartParams{Argv: []string{"sh", "-c", "echo " + strconv.Itoa(i)}})
+			if err != nil {
+				t.Errorf("other client start: %v", err)
+				return
+			}
+			if rec, err = other.Wait(context.Background(), api.WaitParams{ID: rec.ID}); err != nil || *rec.ExitCode != 0 {
+				t.Errorf("other client wait: %v", err)
+				return
+			}
+		}
+	}()
+	r := d.raw()
+	for _, tc := range []struct {
+		name, line string
+		code       int
+		message    string
+	}{
+		{"malformed JSON", `{"jsonrpc":"2.0","id":1,"method":`, -32700, ""},
+		{"not an object", `42`, -32600, ""},
+		{"unknown method", `{"jsonrpc":"2.0","id":2,"method":"exec.frobnicate"}`, -32601, ""},
+		{"bad params type", `{"jsonrpc":"2.0","id":3,"method":"exec.start","params":{"argv":["true"],"timeout_ms":"soon"}}`, -32602, "timeout_ms"},
+		{"missing argv", `{"jsonrpc":"2.0","id":4,"method":"exec.start","params":{}}`, -32602, "argv"},
+		{"bad env name", `{"jsonrpc":"2.0","id":5,"method":"exec.start","params":{"argv":["true"],"env":{"A=B":"c"}}}`, -32602, "env"},
+		{"unknown id", `{"jsonrpc":"2.0","id":6,"method":"exec.get","params":{"id":"nope"}}`, -32001, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := r.roundTrip(tc.line)
+			if got := errCode(m); got != tc.code {
+				t.Errorf("code = %d, want %d (reply %v)", got, tc.code, m)
+			}
+			if tc.message != "" {
+				msg, _ := m["error"].(map[string]any)["message"].(string)
+				if !strings.Contains(msg, tc.message) {
+					t.Errorf("message %q does not name %s", msg, tc.message)
+				}
+			}
+		})
+	}
+	// The same connection still works after all of that.
+	if m := r.roundTrip(`{"jsonrpc":"2.0","id":9,"method":"daemon.info"}`); m["result"] == nil {
+		t.Errorf("daemon.info after errors = %v", m)
+	}
+	// An oversize line: -32600, then that connection (only) is closed.
+	big := d.raw()
+	big.c.SetDeadline(time.Now().Add(10 * time.Second))
+	go big.c.Write([]byte(`{"jsonrpc":"2.0","id":1,"method":"exec.start","params":{"argv":["` + strings.Repeat("a", 2<<20) + "\"]}}\n"))
+	resp, err := big.br.ReadBytes('\n')
+	if err != nil {
+		t.Fatalf("oversize: no reply: %v", err)
+	}
+	var m map[string]any
+	json.Unmarshal(resp, &m)
+	if errCode(m) != -32600 {
+		t.Errorf("oversize line code = %d, want -32600", errCode(m))
+	}
+	if _, err := big.br.ReadBytes('\n'); err == nil {
+		t.Error("connection still open after an oversize line")
+	}
+	wg.Wait()
+	if m := r.roundTrip(`{"jsonrpc":"2.0","id":10,"method":"daemon.info"}`); m["result"] == nil {
+		t.Errorf("first connection broken by another's oversize line: %v", m)
+	}
+}
+
+func TestGigabyteOutputKeepsDaemonRSSBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1 GB of output")
+	}
+	d := startDaemon(t, "--scope", "cgroup")
+	c := d.client()
+	before := d.rss()
+	rec, err := c.Start(context.Background(), api.StartParams{Argv: []string{"head", "-c", "1000000000", "/dev/zero"}, TimeoutMS: 120000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peak int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			r, err := c.Get(context.Background(), rec.ID)
+			if err != nil || r.State == api.StateCleaned {
+				return
+			}
+			peak = max(peak, d.rss())
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	rec, err = c.Wait(context.Background(), api.WaitParams{ID: rec.ID})
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Stdout.TotalBytes != 1e9 || !rec.Stdout.Truncated || rec.Stdout.KeptBytes != api.DefaultOutputLimitBytes {
+		t.Errorf("stdout = %+v", rec.Stdout)
+	}
+	if grew := peak - before; grew > 48<<20 {
+		t.Errorf("daemon RSS grew by %d MiB during 1 GB of output", grew>>20)
+	}
+	t.Logf("daemon RSS before %d MiB, peak %d MiB", before>>20, peak>>20)
+}
+
+func TestInfoReportsHost(t *testing.T) {
+	d := startDaemon(t, "--scope", "cgroup")
+	info, err := d.client().Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Backend != "cgroup" || !info.Pidfd || info.Kernel == "" || info.Cgroup == "" {
+		t.Errorf("info = %+v", info)
+	}
+	code, out, _ := d.ctl("info", "--json")
+	if code != 0 || !strings.Contains(out, `"backend": "cgroup"`) && !strings.Contains(out, `"backend":"cgroup"`) {
+		t.Errorf("corralctl info --json = %d %q", code, out)
+	}
+}
+
+func TestWaiterFallbackThroughDaemon(t *testing.T) {
+	d := startDaemon(t, "--scope", "pgroup", "--no-pidfd")
+	code, out, _ := d.ctl("run", "--", "sh", "-c", "echo fallback; exit 5")
+	if code != 5 || out != "fallback\n" {
+		t.Errorf("run = %d %q, want 5 fallback", code, out)
+	}
+	info, _ := d.client().Info(context.Background())
+	if info.Pidfd {
+		t.Error("daemon.info pidfd = true under --no-pidfd")
+	}
+}
