@@ -69,8 +69,10 @@ func newConn(s *Server, nc *net.UnixConn, owner api.Owner) *conn {
 // abort closes the connection now: pending responses are discarded and
 // in-flight calls cancelled. Any goroutine may call it.
 func (c *conn) abort() {
-	c.cancel()
+	// Close the queue before cancelling, so that the answers of calls ended
+	// by the cancel ("internal error") are not sent.
 	c.out.close()
+	c.cancel()
 	_ = c.nc.Close()
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/corral-dev/corral/api"
 )
 
 // Default per-connection limits of a Server.
@@ -17,6 +19,7 @@ const (
 	DefaultMaxInFlight    = 128     // requests being handled per connection
 	DefaultNoteQueueLen   = 256     // queued notifications per connection
 	DefaultNoteQueueBytes = 4 << 20 // bytes of queued notifications per connection
+	DefaultMaxConns       = 1024    // open connections per Server
 )
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -41,6 +44,9 @@ type Server struct {
 	// connection; more are dropped (notify returns false).
 	NoteQueueLen   int
 	NoteQueueBytes int
+	// MaxConns bounds the open connections; one more is answered with a
+	// -32003 error (id null) and closed. 0 means no limit.
+	MaxConns int
 
 	svc Service
 	log zerolog.Logger
@@ -58,6 +64,7 @@ func NewServer(svc Service, log zerolog.Logger) *Server {
 		MaxInFlight:    DefaultMaxInFlight,
 		NoteQueueLen:   DefaultNoteQueueLen,
 		NoteQueueBytes: DefaultNoteQueueBytes,
+		MaxConns:       DefaultMaxConns,
 		svc:            svc,
 		log:            log,
 		listeners:      make(map[*net.UnixListener]struct{}),
@@ -135,6 +142,16 @@ func (s *Server) startConn(nc *net.UnixConn) {
 	if s.closing {
 		s.mu.Unlock()
 		_ = nc.Close()
+		return
+	}
+	if s.MaxConns > 0 && len(s.conns) >= s.MaxConns {
+		s.mu.Unlock()
+		s.log.Warn().Uint32("uid", owner.UID).Int32("peer_pid", owner.PID).Int("max_conns", s.MaxConns).Msg("too many connections; refusing one")
+		// Best effort and bounded: the peer learns why before the close.
+		_ = nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _ = nc.Write(encodeLine(encodeError(nullID, wireError{Code: api.CodeOverCapacity, Message: "too many connections"})))
+		_ = nc.Close()
+		c.cancel()
 		return
 	}
 	s.conns[c] = struct{}{}

@@ -616,3 +616,23 @@ func TestDefaultSocket(t *testing.T) {
 		t.Errorf("DefaultSocket() with env = %q, want /tmp/x.sock", got)
 	}
 }
+
+func TestMaxConnsRefusesExtra(t *testing.T) {
+	path, _ := startServer(t, newFake(), func(s *Server) { s.MaxConns = 1 })
+	first := dialRaw(t, path)
+	first.send(`{"jsonrpc":"2.0","id":1,"method":"daemon.info"}`)
+	first.mustRead() // the first connection is registered
+
+	second := dialRaw(t, path)
+	r := decodeResp(t, second.mustRead())
+	if r.Error == nil || r.Error.Code != api.CodeOverCapacity {
+		t.Fatalf("connection over the limit got %+v, want -32003", r.Error)
+	}
+	if _, err := second.read(5 * time.Second); err == nil {
+		t.Fatal("connection over the limit left open")
+	}
+	first.send(`{"jsonrpc":"2.0","id":2,"method":"daemon.info"}`)
+	if r := decodeResp(t, first.mustRead()); r.Error != nil {
+		t.Fatalf("first connection broken: %+v", r.Error)
+	}
+}

@@ -156,15 +156,20 @@ func (s *streamer) fetch(ctx context.Context, stream string, to int64) error {
 		if err != nil {
 			return fmt.Errorf("fetch %s of %s from offset %d: %w", stream, s.id, from, err)
 		}
-		data := res.Data
-		nextOff := res.Offset + int64(len(data))
+		data, start := res.Data, res.Offset
+		if start < from {
+			// Never write a byte twice.
+			data = data[min(int64(len(data)), from-start):]
+			start = from
+		}
+		nextOff := start + int64(len(data))
 		if to >= 0 && nextOff > to {
 			// Only up to to: the caller has the bytes from there on.
 			nextOff = to
-			data = data[:max(0, to-res.Offset)]
+			data = data[:max(0, to-start)]
 		}
-		if res.Offset > from && s.warn != nil {
-			fmt.Fprintf(s.warn, "corralctl: [%s bytes %d-%d of %s were not kept by the daemon]\n", stream, from, min(res.Offset, nextOff), s.id)
+		if start > from && s.warn != nil {
+			fmt.Fprintf(s.warn, "corralctl: [%s bytes %d-%d of %s were not kept by the daemon]\n", stream, from, min(start, nextOff), s.id)
 		}
 		if len(data) > 0 {
 			if _, err := w.Write(data); err != nil {
