@@ -571,3 +571,36 @@ func TestKeptOutputRead(t *testing.T) {
 		t.Errorf("Info() = %+v, want %+v", got, want)
 	}
 }
+
+// TestPipelined queues a whole life without waiting between writes, as the
+// loop goroutine does: writes apply in the order they were queued.
+func TestPipelined(t *testing.T) {
+	forEach(t, func(t *testing.T, s Store) {
+		rec := newRecord("p", 1000, 0, nil)
+		created := s.Create(rec, nil)
+		rec.State = api.StateRunning
+		running := s.Transition(api.StateStarted, rec)
+		exited := finished(rec, nil)
+		out := Output{Stdout, KeptOutput{Head: []byte("ok\n"), TailOffset: 3, Total: 3}}
+		ex := s.Transition(api.StateRunning, exited, out)
+		cl := s.Transition(api.StateExited, finished(rec, ptr(time.Now())))
+		late := s.Transition(api.StateStarted, rec) // a late running transition
+		if err := <-created; err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		for i, ch := range []<-chan Result{running, ex, cl} {
+			if r := <-ch; !r.Applied || r.Err != nil {
+				t.Errorf("transition %d = %+v, want applied", i, r)
+			}
+		}
+		if r := <-late; r.Applied || r.State != api.StateCleaned {
+			t.Errorf("late transition = %+v, want not applied, state cleaned", r)
+		}
+		if got := mustGet(t, s, "p"); got.State != api.StateCleaned {
+			t.Errorf("state = %s, want cleaned", got.State)
+		}
+		if got, ok, _ := s.Output("p", Stdout); !ok || string(got.Head) != "ok\n" {
+			t.Errorf("output = %q, %v; want ok", got.Head, ok)
+		}
+	})
+}
