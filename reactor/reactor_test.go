@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -18,11 +19,15 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/shim"
 )
 
 // The test binary doubles as a child program: with CORRAL_TEST_HELPER set
 // it runs the named behaviour instead of the tests.
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == shim.Arg {
+		shim.Main()
+	}
 	if h := os.Getenv("CORRAL_TEST_HELPER"); h != "" {
 		os.Exit(helper(h))
 	}
@@ -37,6 +42,30 @@ func helper(name string) int {
 			os.Stdout.Write(chunk)
 			os.Stderr.Write(chunk)
 		}
+		return 0
+	case "loopback": // lo works inside the (new) network namespace
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Println("listen:", err)
+			return 1
+		}
+		defer l.Close()
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			fmt.Println("dial:", err)
+			return 1
+		}
+		c.Close()
+		fmt.Println("loopback ok")
+		return 0
+	case "dial": // reach a listener of the host's loopback
+		c, err := net.DialTimeout("tcp", os.Getenv("CORRAL_TEST_ADDR"), 2*time.Second)
+		if err != nil {
+			fmt.Println("dial failed:", err)
+			return 1
+		}
+		c.Close()
+		fmt.Println("dial ok")
 		return 0
 	case "cat":
 		buf := make([]byte, 64<<10)
@@ -583,5 +612,53 @@ func TestOutputKeepsHeadAndTail(t *testing.T) {
 	}
 	if d, _, _ := k.read(23, 2); string(d) != "xy" {
 		t.Errorf("read(23,2) = %q", d)
+	}
+}
+
+func TestNetworkNone(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	env := map[string]string{"CORRAL_TEST_ADDR": l.Addr().String()}
+	for _, tc := range []struct {
+		network, helper string
+		code            int
+	}{
+		{"host", "dial", 0},
+		{"none", "dial", 1},
+		{"none", "loopback", 0},
+	} {
+		t.Run(tc.network+"/"+tc.helper, func(t *testing.T) {
+			e := map[string]string{"CORRAL_TEST_HELPER": tc.helper}
+			for k, v := range env {
+				e[k] = v
+			}
+			rec := tr.run(api.StartParams{Argv: []string{self(t)}, Env: e, Network: tc.network})
+			if rec.ExitCode == nil || *rec.ExitCode != tc.code {
+				t.Errorf("exit %v (%v), want %d; stdout %q", rec.ExitCode, outcome(rec), tc.code, tr.stdout(rec.ID))
+			}
+		})
+	}
+}
+
+func TestShimStartFailed(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	// network none goes through the shim: a missing command is still a
+	// failed start with its errno, not an exit 127.
+	rec := tr.run(api.StartParams{Argv: []string{"/nonexistent/corral-cmd"}, Network: "none"})
+	if outcome(rec) != api.OutcomeStartFailed || rec.StartErrno != "ENOENT" {
+		t.Errorf("outcome %v errno %q error %v", outcome(rec), rec.StartErrno, rec.Error)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/shim"
 )
 
 // defaultPath is the child's PATH unless the request sets one.
@@ -50,7 +51,11 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	fail := func(err error) *spawned {
 		sp.startErr = err
 		var errno syscall.Errno
-		if errors.As(err, &errno) {
+		var xerr *shim.ExecError
+		switch {
+		case errors.As(err, &xerr):
+			sp.errno = xerr.Errno
+		case errors.As(err, &errno):
 			sp.errno = unix.ErrnoName(errno)
 		}
 		return sp
@@ -137,11 +142,35 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	if p.Network == "none" {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
+	// The shim: corrald re-executed as the child, to hold it until the
+	// systemd scope holds it, and to do what SysProcAttr cannot (bring up
+	// lo in a new network namespace before dropping to the user).
+	var sh *shim.Handle
+	if hold := r.cfg.Backend.Name() == "systemd"; hold || p.Network == "none" {
+		cfg := shim.Config{
+			Argv: p.Argv, Env: env, Dir: dir, Hold: hold,
+			LoopbackUp: p.Network == "none", NoNewPrivs: true,
+		}
+		if c := cmd.SysProcAttr.Credential; c != nil {
+			cfg.SetCreds, cfg.UID, cfg.GID, cfg.Groups = true, c.Uid, c.Gid, c.Groups
+			cmd.SysProcAttr.Credential = nil // the shim drops privileges itself, last
+		}
+		if p.CPUMS > 0 {
+			secs := uint64((p.CPUMS + 999) / 1000)
+			cfg.Rlimits = append(cfg.Rlimits, shim.Rlimit{Resource: unix.RLIMIT_CPU, Cur: secs, Max: secs + 1})
+		}
+		if sh, err = shim.Wrap(cmd, cfg); err != nil {
+			closeChild()
+			sp.closeFds()
+			return fail(fmt.Errorf("wrap in shim: %w", err))
+		}
+		defer sh.Close()
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sc, err := r.cfg.Backend.Prepare(ctx, scope.Spec{
-		ID: e.id, Argv: p.Argv, Cmd: cmd,
+		ID: e.id, Argv: p.Argv, Cmd: cmd, Shim: sh,
 		Limits: scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS},
 	})
 	if err != nil {
@@ -156,6 +185,9 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		return cmd.Process.Pid, nil
 	}); err != nil {
 		closeChild()
+		if sh != nil {
+			sh.CloseChildEnds()
+		}
 		sp.closeFds()
 		if rerr := sc.Remove(); rerr != nil {
 			r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove scope after failed start")
@@ -163,6 +195,9 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		return fail(fmt.Errorf("exec %q: %w", p.Argv[0], err))
 	}
 	closeChild()
+	if sh != nil {
+		sh.CloseChildEnds()
+	}
 	sp.proc, sp.sc = cmd.Process, sc
 
 	if !r.cfg.NoPidfd {
@@ -185,6 +220,35 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		}
 		sp.sc = nil
 		return fail(fmt.Errorf("place in scope: %w", err))
+	}
+	if sh != nil {
+		// Let the shim go on (a no-op if the backend released it), and wait
+		// for its exec so a command that cannot run is a failed start, as
+		// without the shim.
+		if err := sh.Release(); err != nil {
+			r.log.Warn().Err(err).Str("exec_id", e.id).Msg("release shim")
+		}
+		xerr, werr := sh.WaitExec(30 * time.Second)
+		if xerr != nil || werr != nil {
+			if werr != nil {
+				_ = cmd.Process.Kill()
+				xerr = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("shim did not exec: %v", werr)}
+			}
+			_, _ = cmd.Process.Wait() // the shim exits right after its report
+			r.reaper.reaped(cmd.Process.Pid)
+			if sp.pidfd >= 0 {
+				unix.Close(sp.pidfd)
+				sp.pidfd = -1
+			}
+			sp.proc = nil
+			sp.closeFds()
+			if rerr := sc.Remove(); rerr != nil {
+				r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove scope after failed exec")
+			}
+			sp.sc = nil
+			return fail(xerr)
+		}
+		return sp
 	}
 	if p.CPUMS > 0 {
 		// Backstop where no cgroup measures the tree: RLIMIT_CPU on the main
