@@ -31,6 +31,7 @@ import (
 //	missing     cannot be started (ENOENT)
 //	refuse      exec.start fails with -32003
 //	hang        runs until cancelled, then is SIGTERMed
+//	stubborn    never ends, even when cancelled
 //	cat         echoes its stdin (stdin_open) to stdout once stdin is closed
 //	big         writes 2 MiB to stdout in 4 KiB chunks, every other one dropped
 type fakeExec struct {
@@ -124,7 +125,7 @@ func (d *fakeDaemon) Start(_ context.Context, caller api.Owner, p api.StartParam
 		x.rec.StartErrno = "ENOENT"
 		x.rec.Error = ptr(`exec "missing": no such file or directory`)
 		finish(&x.rec, api.OutcomeStartFailed, nil, nil)
-	case "hang":
+	case "hang", "stubborn":
 	case "cat":
 		if !p.StdinOpen {
 			return api.Record{}, api.Errorf(api.CodeInvalidParams, "cat needs stdin_open")
@@ -163,6 +164,9 @@ func (d *fakeDaemon) Get(_ context.Context, _ api.Owner, p api.IDParams) (api.Re
 // settle blocks until a hang or cat execution ends.
 func (d *fakeDaemon) settle(ctx context.Context, x *fakeExec) error {
 	switch x.rec.Argv[0] {
+	case "stubborn":
+		<-ctx.Done()
+		return ctx.Err()
 	case "hang":
 		select {
 		case <-x.cancelled:
@@ -204,6 +208,11 @@ func (d *fakeDaemon) Cancel(_ context.Context, _ api.Owner, p api.CancelParams) 
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if x.rec.Argv[0] == "stubborn" {
+		x.rec.CancelReason = p.Reason
+		x.rec.State = api.StateCanceling
+		return x.rec, nil
+	}
 	if !x.rec.State.Finished() {
 		x.rec.CancelReason = p.Reason
 		finish(&x.rec, api.OutcomeCancelled, nil, ptr("SIGTERM"))
@@ -450,8 +459,38 @@ func TestRunSignalCancels(t *testing.T) {
 		t.Fatal("run did not end after SIGINT")
 	}
 	rec := d.snapshot(d.execs[d.order[0]])
-	if rec.CancelReason != "corralctl received interrupt" {
+	if rec.CancelReason != "corralctl received SIGINT" {
 		t.Errorf("cancel reason = %q", rec.CancelReason)
+	}
+}
+
+func TestRunSecondSignalStopsWaiting(t *testing.T) {
+	sock, d := serveFake(t)
+	sigs := make(chan os.Signal, 2)
+	done := make(chan result, 1)
+	go func() { done <- corralctl(t, sock, "", sigs, "run", "--", "stubborn") }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d.mu.Lock()
+		n := len(d.order)
+		d.mu.Unlock()
+		if n == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	sigs <- syscall.SIGINT
+	for d.snapshot(d.execs[d.order[0]]).State != api.StateCanceling && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	sigs <- syscall.SIGTERM
+	select {
+	case r := <-done:
+		if r.code != 143 || !strings.Contains(r.stderr, "stopped waiting") {
+			t.Errorf("after two signals: exit %d, stderr %q; want 143 and \"stopped waiting\"", r.code, r.stderr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("run did not end after a second signal")
 	}
 }
 

@@ -8,6 +8,9 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
@@ -175,8 +178,8 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 						continue
 					}
 					cancelled = true
-					fmt.Fprintf(e.stderr, "corralctl: %v: cancelling %s (again to stop waiting)\n", sig, rec.ID)
-					if _, err := c.Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: fmt.Sprintf("corralctl received %v", sig)}); err != nil {
+					fmt.Fprintf(e.stderr, "corralctl: %s: cancelling %s (again to stop waiting)\n", osSignalName(sig), rec.ID)
+					if _, err := c.Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: "corralctl received " + osSignalName(sig)}); err != nil {
 						fmt.Fprintf(e.stderr, "corralctl: cancel %s: %s\n", rec.ID, describe(err))
 					}
 				}
@@ -197,8 +200,8 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 		mu.Unlock()
 		if sig != nil {
 			fmt.Fprintf(e.stderr, "corralctl: stopped waiting for %s\n", rec.ID)
-			if n := signalNumber(sig.String()); n > 0 {
-				return exitSignalBase + n
+			if n, ok := sig.(syscall.Signal); ok {
+				return exitSignalBase + int(n)
 			}
 			return exitFailure
 		}
@@ -239,4 +242,14 @@ func forwardStdin(ctx context.Context, c *ipc.Client, id string, r io.Reader) {
 			return
 		}
 	}
+}
+
+// osSignalName names sig as "SIGINT" rather than Go's "interrupt".
+func osSignalName(sig os.Signal) string {
+	if n, ok := sig.(syscall.Signal); ok {
+		if name := unix.SignalName(n); name != "" {
+			return name
+		}
+	}
+	return sig.String()
 }
