@@ -27,6 +27,13 @@ const readBufSize = 64 << 10
 // take the responses still queued for it.
 const drainTimeout = 10 * time.Second
 
+// After an oversize line, at most this much more input is read (and
+// discarded) before the connection is closed.
+const (
+	oversizeDiscardBytes = 4 << 20
+	oversizeDiscardTime  = time.Second
+)
+
 // conn is one client connection.
 //
 // Ownership: serve runs the reader on the connection goroutine; writeLoop is
@@ -105,6 +112,13 @@ func (c *conn) serve() {
 		c.out.seal()
 		c.cancel()
 		c.handlers.Wait()
+		<-c.writerDone
+		// The peer reads the error and then EOF. Swallow a bounded amount of
+		// what it is still sending: closing a socket with unread input makes
+		// the peer's next read fail with ECONNRESET instead of EOF.
+		_ = c.nc.CloseWrite()
+		_ = c.nc.SetReadDeadline(time.Now().Add(oversizeDiscardTime))
+		_, _ = io.CopyN(io.Discard, c.nc, oversizeDiscardBytes)
 	case readFailed:
 		c.abort()
 		c.handlers.Wait()

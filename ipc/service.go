@@ -26,7 +26,11 @@ type Service interface {
 	// cleaned (or ctx ends), then returns the final record. notify must not
 	// block: it returns false when the notification was dropped because the
 	// connection is slow (the client resumes with exec.output). The reactor
-	// may call notify from its loop goroutine.
+	// may call notify from its loop goroutine. notify encodes params before
+	// it returns, so the caller may reuse any buffer in params afterwards;
+	// once Follow has returned, notify refuses everything (returns false).
+	// The notifications notify accepted reach the client before Follow's
+	// response.
 	Follow(ctx context.Context, caller api.Owner, p api.FollowParams, notify func(method string, params any) bool) (api.Record, error)
 	Info(ctx context.Context) (api.Info, error)
 }

@@ -15,7 +15,7 @@ const outputChunk = 256 << 10
 
 // noteBuffer is how many notifications wait for the writer before more are
 // dropped (and later fetched with exec.output).
-const noteBuffer = 1024
+const noteBuffer = 256
 
 // streamer copies an execution's output to local writers while it runs:
 // exec.output notifications of exec.follow are written as they come, and
