@@ -132,11 +132,12 @@ func NewClient(nc net.Conn) *Client {
 	return c
 }
 
-// Close closes the connection; calls in progress fail with ErrClosed.
+// Close closes the connection; calls in progress fail with ErrClosed. It
+// may be called more than once.
 func (c *Client) Close() error {
 	err := c.nc.Close()
 	<-c.done
-	if err != nil {
+	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("close corrald connection: %w", err)
 	}
 	return nil
@@ -157,6 +158,9 @@ func (c *Client) Err() error {
 // Message. When ctx ends first Call returns ctx.Err(); the daemon still
 // completes the request and its response is discarded.
 func (c *Client) Call(ctx context.Context, method string, params, result any) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err

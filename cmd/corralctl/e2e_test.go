@@ -32,6 +32,7 @@ import (
 //	refuse      exec.start fails with -32003
 //	hang        runs until cancelled, then is SIGTERMed
 //	stubborn    never ends, even when cancelled
+//	chatty      writes a line at once, then runs until cancelled
 //	cat         echoes its stdin (stdin_open) to stdout once stdin is closed
 //	big         writes 2 MiB to stdout in 4 KiB chunks, every other one dropped
 type fakeExec struct {
@@ -125,6 +126,8 @@ func (d *fakeDaemon) Start(_ context.Context, caller api.Owner, p api.StartParam
 		x.rec.StartErrno = "ENOENT"
 		x.rec.Error = ptr(`exec "missing": no such file or directory`)
 		finish(&x.rec, api.OutcomeStartFailed, nil, nil)
+	case "chatty":
+		emit("stdout", "chat\n", true)
 	case "hang", "stubborn":
 	case "cat":
 		if !p.StdinOpen {
@@ -167,7 +170,7 @@ func (d *fakeDaemon) settle(ctx context.Context, x *fakeExec) error {
 	case "stubborn":
 		<-ctx.Done()
 		return ctx.Err()
-	case "hang":
+	case "hang", "chatty":
 		select {
 		case <-x.cancelled:
 		case <-ctx.Done():
@@ -304,15 +307,22 @@ func (d *fakeDaemon) Follow(ctx context.Context, _ api.Owner, p api.FollowParams
 	if err != nil {
 		return api.Record{}, err
 	}
+	send := func() {
+		d.mu.Lock()
+		notes := append([]api.OutputNotification(nil), x.notes...)
+		d.mu.Unlock()
+		for _, n := range notes {
+			notify(api.NotifyOutput, n)
+		}
+	}
+	if x.rec.Argv[0] == "chatty" {
+		send()
+		return d.snapshot(x), d.settle(ctx, x)
+	}
 	if err := d.settle(ctx, x); err != nil {
 		return api.Record{}, err
 	}
-	d.mu.Lock()
-	notes := append([]api.OutputNotification(nil), x.notes...)
-	d.mu.Unlock()
-	for _, n := range notes {
-		notify(api.NotifyOutput, n)
-	}
+	send()
 	return d.snapshot(x), nil
 }
 
@@ -491,6 +501,26 @@ func TestRunSecondSignalStopsWaiting(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("run did not end after a second signal")
+	}
+}
+
+// brokenPipe is a stdout whose reader has gone.
+type brokenPipe struct{}
+
+func (brokenPipe) Write([]byte) (int, error) { return 0, syscall.EPIPE }
+
+func TestRunCancelsWhenStdoutCloses(t *testing.T) {
+	sock, d := serveFake(t)
+	var errb bytes.Buffer
+	code := Main([]string{"--socket", sock, "run", "--", "chatty"}, &env{
+		stdin: strings.NewReader(""), stdout: brokenPipe{}, stderr: &errb, getenv: func(string) string { return "" },
+	})
+	if code != 141 {
+		t.Errorf("exit code = %d, want 141 (128+SIGPIPE); stderr %q", code, errb.String())
+	}
+	rec := d.snapshot(d.execs[d.order[0]])
+	if rec.Outcome == nil || *rec.Outcome != api.OutcomeCancelled || rec.CancelReason != "corralctl: stdout closed" {
+		t.Errorf("execution after stdout closed: outcome %v, reason %q; want cancelled by corralctl", rec.Outcome, rec.CancelReason)
 	}
 }
 

@@ -21,6 +21,9 @@ func main() {
 		stderr: os.Stderr,
 		getenv: os.Getenv,
 		notifySignals: func() (<-chan os.Signal, func()) {
+			// A closed stdout must be an EPIPE error that run handles (by
+			// cancelling the execution), not a silent death by SIGPIPE.
+			signal.Ignore(syscall.SIGPIPE)
 			ch := make(chan os.Signal, 2)
 			signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 			return ch, func() { signal.Stop(ch) }

@@ -205,6 +205,18 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 			}
 			return exitFailure
 		}
+		var lw *localWriteError
+		if errors.As(err, &lw) {
+			// Our output is gone (e.g. `corralctl run ... | head`): end the
+			// command too, as a local pipeline would by SIGPIPE.
+			if _, cerr := c.Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: "corralctl: " + lw.stream + " closed"}); cerr != nil {
+				fmt.Fprintf(e.stderr, "corralctl: cancel %s: %s\n", rec.ID, describe(cerr))
+			}
+			if errors.Is(err, syscall.EPIPE) {
+				return exitSignalBase + int(syscall.SIGPIPE)
+			}
+			return fail(e, exitFailure, "%v; cancelled %s", err, rec.ID)
+		}
 		return fail(e, exitFailure, "follow %s: %s", rec.ID, describe(err))
 	}
 	if final.Outcome == nil {

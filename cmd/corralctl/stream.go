@@ -135,7 +135,7 @@ func (s *streamer) write(ctx context.Context, params json.RawMessage) error {
 	}
 	data := n.Data[max(0, s.next[n.Stream]-n.Offset):]
 	if _, err := w.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", n.Stream, err)
+		return &localWriteError{stream: n.Stream, err: err}
 	}
 	s.next[n.Stream] = end
 	return nil
@@ -173,7 +173,7 @@ func (s *streamer) fetch(ctx context.Context, stream string, to int64) error {
 		}
 		if len(data) > 0 {
 			if _, err := w.Write(data); err != nil {
-				return fmt.Errorf("write %s: %w", stream, err)
+				return &localWriteError{stream: stream, err: err}
 			}
 		}
 		if nextOff <= from {
@@ -190,3 +190,13 @@ func (s *streamer) fetch(ctx context.Context, stream string, to int64) error {
 	}
 	return nil
 }
+
+// localWriteError is a failure to write output locally (a closed pipe), as
+// opposed to a failure talking to the daemon.
+type localWriteError struct {
+	stream string
+	err    error
+}
+
+func (e *localWriteError) Error() string { return fmt.Sprintf("write %s: %v", e.stream, e.err) }
+func (e *localWriteError) Unwrap() error { return e.err }
