@@ -640,3 +640,36 @@ func TestMaxConnsRefusesExtra(t *testing.T) {
 		t.Fatalf("first connection broken: %+v", r.Error)
 	}
 }
+
+func TestClientThatNeverReadsIsNotBufferedWithoutBound(t *testing.T) {
+	f := newFake()
+	path, _ := startServer(t, f, func(s *Server) { s.MaxInFlight = 4 })
+	c := dialRaw(t, path)
+	req := []byte(`{"jsonrpc":"2.0","id":1,"method":"exec.get","params":{"id":"x"}}` + "\n")
+	const total = 200000
+	go func() {
+		// Blocks once the daemon stops reading; ends when the test closes c.
+		for range total {
+			if _, err := c.nc.Write(req); err != nil {
+				return
+			}
+		}
+	}()
+	calls := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.callers)
+	}
+	// Wait until the count stops moving.
+	prev := -1
+	for i := 0; i < 100 && calls() != prev; i++ {
+		prev = calls()
+		time.Sleep(100 * time.Millisecond)
+	}
+	// What was handled is bounded by the socket buffers and the queue, not by
+	// what the client sent.
+	t.Logf("%d requests handled for a client that reads nothing", calls())
+	if n := calls(); n == 0 || n >= total/2 {
+		t.Fatalf("%d of %d requests handled while the client read nothing; want a small bounded number", n, total)
+	}
+}
