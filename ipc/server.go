@@ -27,7 +27,30 @@ var ErrServerClosed = errors.New("ipc: server closed")
 
 // Server serves corral's JSON-RPC 2.0 protocol on Unix stream sockets and
 // dispatches every request to a Service with the caller's SO_PEERCRED
-// identity.
+// identity (read once, at accept). The method table is in methods.go.
+//
+// Wire behaviour, beyond plain JSON-RPC 2.0:
+//   - One message per '\n'-terminated line; blank lines are ignored, and an
+//     unterminated last line before EOF is still a message. A line over
+//     api.MaxLineBytes is answered -32600 (id null) and that connection
+//     alone is closed (after half-closing, so the peer reads the error and
+//     then EOF).
+//   - Errors: -32700 invalid JSON; -32600 not an object, empty batch, wrong
+//     "jsonrpc", id not a string/number/null, method not a string; -32601
+//     unknown method; -32602 params not an object or a field of the wrong
+//     type: the message is "params.<field>: want <type>" and error.data is
+//     {"field": "<field>"}; a Service *api.Error gives its Code and Message
+//     (never its Err); anything else, panics included, is -32603 "internal
+//     error". The connection carries on after all of these.
+//   - Requests with an id, including id null, are answered; notifications
+//     (no id) are run and never answered, even when they fail.
+//   - Batches run their elements concurrently and answer one array without
+//     the notifications' entries (nothing at all when only notifications).
+//   - Responses are never dropped; daemon notifications (exec.follow) are
+//     dropped when the connection's notification queue is full.
+//   - After read EOF the requests in flight still finish and are answered
+//     (a peer may have shut down only its write side); when the peer has
+//     closed the socket entirely, their context is cancelled.
 //
 // Ownership: Serve runs the accept loop on the caller's goroutine; each
 // connection then has one reader goroutine (framing, validation, dispatch),
