@@ -37,13 +37,13 @@ var commands map[string]*command
 
 func init() {
 	commands = map[string]*command{
-		"run":    {"run [flags] -- CMD [ARG...]", "run a command under corrald and stream its output", cmdRun},
+		"run":    {"run [flags] -- CMD [ARG...]", "run a command under corrald, stream its output live and exit with its status (--json: then print the final record)", cmdRun},
 		"ps":     {"ps [--state S] [--label k=v]... [--limit N]", "list executions", cmdPs},
 		"status": {"status ID", "show one execution", cmdStatus},
 		"logs":   {"logs [-f] [--stderr] ID", "print an execution's output (-f: follow it)", cmdLogs},
 		"wait":   {"wait [--timeout D] ID", "wait until an execution is cleaned up; exit with its status", cmdWait},
 		"cancel": {"cancel [--reason R] ID", "cancel an execution (SIGTERM, then SIGKILL after its grace)", cmdCancel},
-		"signal": {"signal [--main] ID SIG", "send a signal to an execution's processes (--main: main process only)", cmdSignal},
+		"signal": {"signal [--main] ID SIG", "send a signal (name or number) to an execution's processes (--main: main process only)", cmdSignal},
 		"info":   {"info", "show daemon information", cmdInfo},
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -181,7 +182,7 @@ func cmdCancel(e *env, g *globalFlags, args []string) int {
 func cmdSignal(e *env, g *globalFlags, args []string) int {
 	fs := newFlagSet(e, g, "signal")
 	mainOnly := fs.Bool("main", false, "signal only the main process, not the whole tree")
-	pos, code, ok := parseArgs(e, fs, args, 2, exitUsage)
+	pos, code, ok := parseArgs(e, fs, killStyle(fs, args), 2, exitUsage)
 	if !ok {
 		return code
 	}
@@ -225,4 +226,20 @@ func printRecordOrSummary(e *env, g *globalFlags, rec api.Record) error {
 	}
 	_, err := fmt.Fprintln(e.stdout, summary(rec))
 	return err
+}
+
+// killStyle rewrites kill(1)-style signal arguments ("-9", "-TERM") to
+// plain ones, so that they are not taken for flags of fs.
+func killStyle(fs *flag.FlagSet, args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if len(a) < 2 || a[0] != '-' || a[1] == '-' || fs.Lookup(a[1:]) != nil {
+			continue
+		}
+		if _, ok := signalName(a[1:]); ok {
+			out[i] = a[1:]
+		}
+	}
+	return out
 }

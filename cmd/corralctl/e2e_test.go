@@ -620,11 +620,12 @@ func TestOtherCommands(t *testing.T) {
 	// signal and cancel
 	must(corralctl(t, sock, "", nil, "signal", "exec-2", "int", "--main"), 0)
 	must(corralctl(t, sock, "", nil, "signal", "exec-2", "9"), 0)
+	must(corralctl(t, sock, "", nil, "signal", "exec-2", "-TERM"), 0)
 	must(corralctl(t, sock, "", nil, "signal", "exec-2", "NOPE"), 2)
 	d.mu.Lock()
 	sigs := strings.Join(d.signals, ";")
 	d.mu.Unlock()
-	if sigs != "exec-2 SIGINT main;exec-2 SIGKILL all" {
+	if sigs != "exec-2 SIGINT main;exec-2 SIGKILL all;exec-2 SIGTERM all" {
 		t.Errorf("signals sent: %q", sigs)
 	}
 	r = must(corralctl(t, sock, "", nil, "cancel", "--reason", "enough", "exec-2"), 0)
