@@ -1,0 +1,420 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/ipc"
+)
+
+// supervisorEnv, when set in the environment of the test binary, turns it
+// into the baseline supervisor of benchScale (see runSupervisor) instead of
+// running tests, so that its memory is measured alone.
+const supervisorEnv = "CORRAL_BENCH_SUPERVISOR"
+
+// markEnv is set in the environment of every child the suite starts, so
+// that leftovers can be found (and killed) by scanning /proc.
+const markEnv = "CORRAL_BENCH_MARK"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(supervisorEnv) != "" {
+		os.Exit(runSupervisor())
+	}
+	os.Exit(m.Run())
+}
+
+// TestBenchSuite runs every measurement in one process, one after another,
+// and reports the tables. It asserts only that each run did what it was asked
+// (exit codes, byte counts, nothing left behind), never how fast.
+func TestBenchSuite(t *testing.T) {
+	if os.Getenv("CORRAL_BENCH") != "1" {
+		t.Skip("benchmarks run only with CORRAL_BENCH=1 (make bench)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("benchmarks need root (corrald supervises children as root)")
+	}
+	if _, err := os.Stat(filepath.Join(cgroupMount, "cgroup.procs")); err != nil {
+		t.Skipf("benchmarks need a cgroup2 hierarchy at %s: %v", cgroupMount, err)
+	}
+	if os.Getenv("CORRAL_BENCH_QUICK") == "1" {
+		// A smoke run of the suite itself: small counts, figures not meaningful.
+		latencyN, latencyWU, notifyN = 30, 5, 10
+		tputWindows, drainBytes, drainRounds = 2, 100_000_000, 1
+		scaleN = 100
+	}
+	start := time.Now()
+	s := &suite{t: t, bin: buildCorrald(t)}
+	s.header()
+
+	t.Run("exec_latency", s.benchExecLatency)
+	t.Run("exit_notify", s.benchExitNotify)
+	t.Run("throughput", s.benchThroughput)
+	t.Run("drain", s.benchDrain)
+	t.Run("scale", s.benchScale)
+
+	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s.\n", time.Since(start).Round(time.Second))
+	t.Logf("results:\n%s", s.out.String())
+	if path := os.Getenv("CORRAL_BENCH_OUT"); path != "" {
+		if err := os.WriteFile(path, []byte(s.out.String()), 0o644); err != nil {
+			t.Errorf("write %s: %v", path, err)
+		}
+	}
+	if n := countMarked(markValue()); n != 0 {
+		t.Errorf("%d benchmark children still alive after the suite", n)
+		killMarked(markValue())
+	}
+}
+
+// cgroupMount is the cgroup2 hierarchy the cgroup backend uses on this host
+// (hybrid layout); the daemons' bases go below it.
+const cgroupMount = "/sys/fs/cgroup/unified"
+
+// suite carries what the measurements share. Owned by the test goroutine.
+type suite struct {
+	t    *testing.T
+	bin  string       // built corrald
+	out  bytes.Buffer // Markdown results
+	ndmn int          // daemons started, for unique names
+}
+
+func (s *suite) header() {
+	kernel := "unknown"
+	var u syscall.Utsname
+	if syscall.Uname(&u) == nil {
+		kernel = utsString(u.Release[:])
+	}
+	goVer := runtime.Version()
+	if out, err := exec.Command(goTool(), "version").Output(); err == nil {
+		goVer = strings.TrimSpace(string(out))
+	}
+	fmt.Fprintf(&s.out, "Machine: %d CPUs (nproc), kernel %s, %s, %s.\n", runtime.NumCPU(), kernel, goVer, cpuModel())
+	fmt.Fprintf(&s.out, "Date: %s.\n", time.Now().UTC().Format(time.RFC3339))
+	if out, err := exec.Command("git", "describe", "--always", "--dirty").Output(); err == nil {
+		fmt.Fprintf(&s.out, "Source: %s (git describe --always --dirty of the tree the daemon was built from).\n", strings.TrimSpace(string(out)))
+	}
+}
+
+func utsString(b []int8) string {
+	var sb strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		sb.WriteByte(byte(c))
+	}
+	return sb.String()
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "cpu unknown"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "cpu unknown"
+}
+
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}
+
+// buildCorrald builds corrald (cgo-free, as make build does) into a
+// temporary directory and returns its path.
+// CORRAL_BENCH_CORRALD names a prebuilt corrald to measure instead.
+func buildCorrald(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("CORRAL_BENCH_CORRALD"); p != "" {
+		return p
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "corrald")
+	cmd := exec.Command(goTool(), "build", "-trimpath", "-o", bin, "github.com/corral-dev/corral/cmd/corrald")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build corrald: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// daemon is one corrald started by the suite. Stopped and its cgroup base
+// removed by a t.Cleanup of the test that started it.
+type daemon struct {
+	name   string
+	cmd    *exec.Cmd
+	socket string
+	state  string
+	base   string // cgroup base directory ("" for pgroup)
+	logf   string
+	pid    int
+}
+
+// startDaemon starts corrald with the given backend and extra flags and
+// waits until it accepts connections.
+func (s *suite) startDaemon(t *testing.T, name, backend string, extra ...string) *daemon {
+	t.Helper()
+	s.ndmn++
+	dir := t.TempDir()
+	d := &daemon{
+		name:   name,
+		socket: filepath.Join(dir, "corrald.sock"),
+		state:  filepath.Join(dir, "state"),
+		logf:   filepath.Join(dir, "corrald.log"),
+	}
+	args := []string{"--socket", d.socket, "--state-dir", d.state, "--scope", backend,
+		"--config", "/dev/null", "--log-level", "warn", "--log-format", "json",
+		"--drain", "1s", "--kill-wait", "5s",
+		"--max-running", "20000", "--max-per-uid", "20000"}
+	if backend == "cgroup" {
+		d.base = filepath.Join(cgroupMount, fmt.Sprintf("corral-bench-%d-%d", os.Getpid(), s.ndmn))
+		args = append(args, "--cgroup-base", d.base)
+	}
+	args = append(args, extra...)
+	logf, err := os.Create(d.logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.cmd = exec.Command(s.bin, args...)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	if err := d.cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatalf("start corrald %s: %v", name, err)
+	}
+	logf.Close()
+	d.pid = d.cmd.Process.Pid
+	t.Cleanup(func() { d.stop(t) })
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if c, err := net.Dial("unix", d.socket); err == nil {
+			c.Close()
+			return d
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(d.logf)
+			t.Fatalf("corrald %s did not listen within 15s; log:\n%s", name, b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stop ends the daemon with SIGTERM (it cancels what still runs), then
+// removes its cgroup base and checks that its cgroups are gone.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = d.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Errorf("corrald %s did not stop within 30s; killed", d.name)
+		_ = d.cmd.Process.Kill()
+		<-done
+	}
+	if d.base != "" {
+		if left := cgroupChildren(d.base); len(left) > 0 {
+			t.Errorf("corrald %s left cgroups under %s: %v", d.name, d.base, left)
+		}
+		if err := os.Remove(d.base); err != nil && !os.IsNotExist(err) {
+			t.Errorf("remove cgroup base %s: %v", d.base, err)
+		}
+	}
+	if t.Failed() {
+		b, _ := os.ReadFile(d.logf)
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		t.Logf("corrald %s log (tail):\n%s", d.name, b)
+	}
+}
+
+func (d *daemon) client(t *testing.T) *ipc.Client {
+	t.Helper()
+	c, err := ipc.Dial(d.socket)
+	if err != nil {
+		t.Fatalf("dial corrald %s: %v", d.name, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// cgroupChildren lists the cgroup directories directly below dir.
+func cgroupChildren(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// procStats is what /proc says about one process.
+type procStats struct {
+	RSSKiB  int64
+	Threads int
+	FDs     int
+}
+
+func readProcStats(pid int) (procStats, error) {
+	var ps procStats
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ps, fmt.Errorf("read status of %d: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		switch k {
+		case "VmRSS":
+			ps.RSSKiB, _ = strconv.ParseInt(f[0], 10, 64)
+		case "Threads":
+			ps.Threads, _ = strconv.Atoi(f[0])
+		}
+	}
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return ps, fmt.Errorf("list fds of %d: %w", pid, err)
+	}
+	ps.FDs = len(ents)
+	return ps, nil
+}
+
+// markValue is this run's value of markEnv.
+func markValue() string { return "bench-" + strconv.Itoa(os.Getpid()) }
+
+// markedPIDs returns the processes with an environment entry markEnv=V
+// where V begins with mark.
+func markedPIDs(mark string) []int {
+	want := []byte("\x00" + markEnv + "=" + mark)
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			continue
+		}
+		if bytes.Contains(append([]byte{0}, b...), want) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func countMarked(mark string) int { return len(markedPIDs(mark)) }
+
+// killMarked SIGKILLs every process carrying mark: the last resort of a
+// failed run, so that nothing outlives the suite.
+func killMarked(mark string) {
+	for _, pid := range markedPIDs(mark) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// waitMarked waits until exactly n marked processes exist.
+func waitMarked(mark string, n int, within time.Duration) int {
+	deadline := time.Now().Add(within)
+	for {
+		got := countMarked(mark)
+		if got == n || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// durations is a set of samples of one side of a comparison.
+type durations []time.Duration
+
+// pct returns the p-th percentile (0 < p <= 1) by nearest rank.
+func (d durations) pct(p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	c := append(durations(nil), d...)
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	i := int(math.Ceil(p*float64(len(c)))) - 1
+	if i < 0 {
+		i = 0
+	}
+	return c[i]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/float64(time.Millisecond)) }
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// latencyRow is one comparison of a latency table.
+type latencyRow struct {
+	name           string
+	side, baseName string
+	side1, base    durations
+}
+
+func (s *suite) latencyTable(title, note string, rows []latencyRow) {
+	fmt.Fprintf(&s.out, "\n### %s\n\n", title)
+	if note != "" {
+		fmt.Fprintf(&s.out, "%s\n\n", note)
+	}
+	fmt.Fprintf(&s.out, "| comparison | measured | n | p50 ms | p99 ms | baseline | n | p50 ms | p99 ms | ratio p50 | ratio p99 |\n")
+	fmt.Fprintf(&s.out, "|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		a50, a99, b50, b99 := r.side1.pct(.5), r.side1.pct(.99), r.base.pct(.5), r.base.pct(.99)
+		fmt.Fprintf(&s.out, "| %s | %s | %d | %s | %s | %s | %d | %s | %s | %s | %s |\n",
+			r.name, r.side, len(r.side1), ms(a50), ms(a99), r.baseName, len(r.base), ms(b50), ms(b99),
+			ratio(float64(a50), float64(b50)), ratio(float64(a99), float64(b99)))
+	}
+}
+
+// rotate runs fns in an order that rotates with i, so that no side always
+// goes first (warm caches) or last.
+func rotate(i int, fns ...func()) {
+	for k := range fns {
+		fns[(i+k)%len(fns)]()
+	}
+}
+
+// ctxT is a context for calls of one measurement, ended with the test.
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,342 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/corral-dev/corral/api"
+)
+
+var scaleN = 1000 // concurrent sleeps
+
+const (
+	scaleWorkers = 8 // concurrent exec.start / exec.cancel calls
+	settle       = 500 * time.Millisecond
+	// supervisorMarkEnv passes the mark to the baseline supervisor, which
+	// must not carry markEnv itself (it would be counted as a child).
+	supervisorMarkEnv = "CORRAL_BENCH_SUPERVISOR_MARK"
+)
+
+// scaleResult is one row of the (c) table.
+type scaleResult struct {
+	name          string
+	idle, running procStats
+	startAll      time.Duration // all N started (and seen alive)
+	stopAll       time.Duration // all N cancelled and gone
+}
+
+func (r scaleResult) perChildKiB() float64 {
+	return float64(r.running.RSSKiB-r.idle.RSSKiB) / float64(scaleN)
+}
+
+// parallel runs f(i) for i in [0,n) on scaleWorkers goroutines and returns
+// the first error.
+func parallel(n int, f func(i int) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  int
+	)
+	for w := 0; w < scaleWorkers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				stop := first != nil
+				mu.Unlock()
+				if i >= n || stop {
+					return
+				}
+				if err := f(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// scaleDaemon starts scaleN sleeps on a fresh corrald, measures it idle and
+// with all running, then cancels them all and checks that nothing is left.
+func (s *suite) scaleDaemon(t *testing.T, name string, extra ...string) scaleResult {
+	t.Helper()
+	d := s.startDaemon(t, name, "cgroup", extra...)
+	c := d.client(t)
+	ctx := ctxT(t, 5*time.Minute)
+	mark := markValue() + "-scale-" + name
+	t.Cleanup(func() { killMarked(mark) })
+	res := scaleResult{name: "corrald " + strings.Join(append([]string{"cgroup"}, extra...), " ")}
+
+	time.Sleep(settle)
+	var err error
+	if res.idle, err = readProcStats(d.pid); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, scaleN)
+	t0 := time.Now()
+	err = parallel(scaleN, func(i int) error {
+		rec, err := c.Start(ctx, api.StartParams{
+			Argv: []string{"/bin/sleep", "60"}, Env: map[string]string{markEnv: mark},
+			TimeoutMS: 300000, Labels: map[string]string{"bench": "scale"},
+		})
+		if err != nil {
+			return fmt.Errorf("exec.start %d: %w", i, err)
+		}
+		if rec.Outcome != nil {
+			return fmt.Errorf("exec.start %d: sleep did not start: outcome %s, error %v", i, *rec.Outcome, rec.Error)
+		}
+		ids[i] = rec.ID
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitMarked(mark, scaleN, 60*time.Second); got != scaleN {
+		t.Fatalf("%d sleeps alive after starting %d", got, scaleN)
+	}
+	res.startAll = time.Since(t0)
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatalf("daemon.info: %v", err)
+	}
+	if info.Running != scaleN {
+		t.Fatalf("daemon.info running = %d, want %d", info.Running, scaleN)
+	}
+	time.Sleep(settle)
+	if res.running, err = readProcStats(d.pid); err != nil {
+		t.Fatal(err)
+	}
+
+	t0 = time.Now()
+	if err := parallel(scaleN, func(i int) error {
+		_, err := c.Cancel(ctx, api.CancelParams{ID: ids[i], Reason: "benchmark done"})
+		return err
+	}); err != nil {
+		t.Fatalf("exec.cancel: %v", err)
+	}
+	if err := parallel(scaleN, func(i int) error {
+		rec, err := c.Wait(ctx, api.WaitParams{ID: ids[i]})
+		if err != nil {
+			return fmt.Errorf("exec.wait: %w", err)
+		}
+		if rec.State != api.StateCleaned || rec.Outcome == nil || *rec.Outcome != api.OutcomeCancelled {
+			return fmt.Errorf("exec %s after cancel: state %s, outcome %v; want cleaned, cancelled", rec.ID, rec.State, rec.Outcome)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	res.stopAll = time.Since(t0)
+	if got := waitMarked(mark, 0, 10*time.Second); got != 0 {
+		t.Fatalf("%d sleeps still alive after all were cancelled and cleaned", got)
+	}
+	if left := cgroupChildren(d.base); len(left) != 0 {
+		t.Fatalf("%d cgroups left under %s after all were cleaned", len(left), d.base)
+	}
+	if info, err := c.Info(ctx); err != nil || info.Running != 0 {
+		t.Fatalf("daemon.info after cancelling all: running %d, err %v; want 0", info.Running, err)
+	}
+	return res
+}
+
+// scaleBaseline runs the goroutine-per-child supervisor (runSupervisor) in a
+// separate process, so that its memory is measured alone, and measures it
+// the same way as the daemon.
+func (s *suite) scaleBaseline(t *testing.T) scaleResult {
+	t.Helper()
+	mark := markValue() + "-scale-baseline"
+	res := scaleResult{name: "baseline: os/exec, goroutine per pipe and per Wait"}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), supervisorEnv+"="+strconv.Itoa(scaleN), supervisorMarkEnv+"="+mark)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start baseline supervisor: %v", err)
+	}
+	exited := false
+	t.Cleanup(func() {
+		if !exited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		killMarked(mark)
+	})
+	lines := bufio.NewScanner(stdout)
+	expect := func(want string) {
+		t.Helper()
+		if !lines.Scan() {
+			t.Fatalf("baseline supervisor: no %q line: %v", want, lines.Err())
+		}
+		if got := lines.Text(); got != want {
+			t.Fatalf("baseline supervisor said %q, want %q", got, want)
+		}
+	}
+	say := func(s string) {
+		t.Helper()
+		if _, err := io.WriteString(stdin, s+"\n"); err != nil {
+			t.Fatalf("tell baseline supervisor %q: %v", s, err)
+		}
+	}
+	pid := cmd.Process.Pid
+	expect("idle")
+	time.Sleep(settle)
+	if res.idle, err = readProcStats(pid); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	say("go")
+	expect("running")
+	if got := waitMarked(mark, scaleN, 60*time.Second); got != scaleN {
+		t.Fatalf("%d baseline sleeps alive after starting %d", got, scaleN)
+	}
+	res.startAll = time.Since(t0)
+	time.Sleep(settle)
+	if res.running, err = readProcStats(pid); err != nil {
+		t.Fatal(err)
+	}
+	t0 = time.Now()
+	say("stop")
+	expect("done")
+	res.stopAll = time.Since(t0)
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("baseline supervisor: %v", err)
+	}
+	exited = true
+	if got := waitMarked(mark, 0, 10*time.Second); got != 0 {
+		t.Fatalf("%d baseline sleeps still alive after the supervisor stopped", got)
+	}
+	return res
+}
+
+// benchScale is (c): cost of scaleN concurrent sleep 60 children on one
+// corrald (pidfd and waiter-goroutine modes) and on a goroutine-per-child
+// os/exec supervisor.
+func (s *suite) benchScale(t *testing.T) {
+	var rows []scaleResult
+	t.Run("pidfd", func(t *testing.T) { rows = append(rows, s.scaleDaemon(t, "pidfd")) })
+	t.Run("no-pidfd", func(t *testing.T) { rows = append(rows, s.scaleDaemon(t, "no-pidfd", "--no-pidfd")) })
+	t.Run("baseline", func(t *testing.T) { rows = append(rows, s.scaleBaseline(t)) })
+	if len(rows) != 3 {
+		return
+	}
+	fmt.Fprintf(&s.out, "\n### (c) %d concurrent `sleep 60` children\n\n", scaleN)
+	fmt.Fprintf(&s.out, "From /proc/<pid>/status (VmRSS, Threads) and /proc/<pid>/fd of the supervising process, idle (fresh, %s after start) and with all %d running (%s after the last was seen alive). "+
+		"corrald: a fresh daemon per row, %d exec.start calls from %d goroutines on one connection, then exec.cancel and exec.wait of each; "+
+		"baseline: the test binary re-executed as a separate process, each child an exec.Cmd with stdout/stderr copied by os/exec's goroutines into bounded buffers and a goroutine in Wait. "+
+		"After each row every child was checked gone (no process with the row's marker in its environment, no cgroup left).\n\n",
+		settle, scaleN, settle, scaleN, scaleWorkers)
+	fmt.Fprintf(&s.out, "| supervisor | RSS idle MiB | RSS running MiB | RSS per child KiB | threads idle → running | fds idle → running | fds per child | start all s | cancel+gone all s |\n")
+	fmt.Fprintf(&s.out, "|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&s.out, "| %s | %.1f | %.1f | %.1f | %d → %d | %d → %d | %.2f | %.2f | %.2f |\n",
+			r.name, float64(r.idle.RSSKiB)/1024, float64(r.running.RSSKiB)/1024, r.perChildKiB(),
+			r.idle.Threads, r.running.Threads, r.idle.FDs, r.running.FDs,
+			float64(r.running.FDs-r.idle.FDs)/float64(scaleN), r.startAll.Seconds(), r.stopAll.Seconds())
+	}
+	b := rows[2]
+	fmt.Fprintf(&s.out, "\nRatios against the baseline, per child: RSS %s (pidfd), %s (--no-pidfd); threads added %s (pidfd), %s (--no-pidfd).\n",
+		ratio(rows[0].perChildKiB(), b.perChildKiB()), ratio(rows[1].perChildKiB(), b.perChildKiB()),
+		ratio(float64(rows[0].running.Threads-rows[0].idle.Threads), float64(b.running.Threads-b.idle.Threads)),
+		ratio(float64(rows[1].running.Threads-rows[1].idle.Threads), float64(b.running.Threads-b.idle.Threads)))
+}
+
+// boundedBuffer keeps the first max bytes written to it and counts the
+// rest, as a supervisor that keeps output must.
+type boundedBuffer struct {
+	max   int
+	kept  []byte
+	total int64
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	b.total += int64(len(p))
+	if room := b.max - len(b.kept); room > 0 {
+		b.kept = append(b.kept, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+// runSupervisor is the baseline supervisor process of benchScale: on "go"
+// it starts N sleep 60 children the plain Go way and says "running"; on
+// "stop" it kills them all, waits for every Wait to return and says "done".
+// It returns the process exit code.
+func runSupervisor() int {
+	log := zerolog.New(os.Stderr).With().Timestamp().Str("component", "bench-supervisor").Logger()
+	n, err := strconv.Atoi(os.Getenv(supervisorEnv))
+	mark := os.Getenv(supervisorMarkEnv)
+	if err != nil || n <= 0 || mark == "" {
+		log.Error().Str(supervisorEnv, os.Getenv(supervisorEnv)).Str(supervisorMarkEnv, mark).Msg("want a child count and a mark")
+		return 2
+	}
+	in := bufio.NewScanner(os.Stdin)
+	say := func(s string) { _, _ = io.WriteString(os.Stdout, s+"\n") }
+	wait := func(want string) bool { return in.Scan() && in.Text() == want }
+
+	say("idle")
+	if !wait("go") {
+		return 1
+	}
+	var (
+		wg   sync.WaitGroup
+		cmds []*exec.Cmd
+	)
+	stopAll := func() {
+		for _, c := range cmds {
+			_ = c.Process.Kill()
+		}
+		wg.Wait()
+	}
+	for i := 0; i < n; i++ {
+		cmd := exec.Command("/bin/sleep", "60")
+		cmd.Env = []string{markEnv + "=" + mark}
+		cmd.Stdout = &boundedBuffer{max: api.DefaultOutputLimitBytes}
+		cmd.Stderr = &boundedBuffer{max: api.DefaultOutputLimitBytes}
+		if err := cmd.Start(); err != nil {
+			log.Error().Err(err).Int("child", i).Msg("start child")
+			stopAll()
+			return 1
+		}
+		cmds = append(cmds, cmd)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = cmd.Wait()
+		}()
+	}
+	say("running")
+	if !wait("stop") {
+		stopAll()
+		return 1
+	}
+	stopAll()
+	say("done")
+	return 0
+}

@@ -1,0 +1,234 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
+)
+
+const tputWindow = time.Second // one measuring window of one side
+
+var (
+	tputWindows       = 5 // windows per side, alternating with the baseline
+	drainBytes  int64 = 1_000_000_000
+	drainRounds       = 3
+)
+
+// rateRow is one comparison of a throughput table: one value per window or
+// round on each side.
+type rateRow struct {
+	name, side, baseName string
+	unit                 string
+	side1, base          []float64
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	c := append([]float64(nil), v...)
+	sort.Float64s(c)
+	return c[(len(c)-1)/2]
+}
+
+func minmax(v []float64) (float64, float64) {
+	if len(v) == 0 {
+		return 0, 0
+	}
+	lo, hi := v[0], v[0]
+	for _, x := range v {
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	return lo, hi
+}
+
+func (s *suite) rateTable(title, note string, rows []rateRow) {
+	fmt.Fprintf(&s.out, "\n### %s\n\n", title)
+	if note != "" {
+		fmt.Fprintf(&s.out, "%s\n\n", note)
+	}
+	fmt.Fprintf(&s.out, "| comparison | measured | median | min–max | baseline | median | min–max | ratio (median) |\n")
+	fmt.Fprintf(&s.out, "|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		a, b := median(r.side1), median(r.base)
+		alo, ahi := minmax(r.side1)
+		blo, bhi := minmax(r.base)
+		fmt.Fprintf(&s.out, "| %s | %s | %.1f %s | %.1f–%.1f | %s | %.1f %s | %.1f–%.1f | %s |\n",
+			r.name, r.side, a, r.unit, alo, ahi, r.baseName, b, r.unit, blo, bhi, ratio(a, b))
+	}
+}
+
+// window runs k workers calling op until d has passed and returns the
+// completed operations per second. A worker starts no operation after the
+// deadline; the window ends when the last one returns.
+func window(k int, d time.Duration, op func(worker int) error) (float64, error) {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		total int
+		first error
+	)
+	t0 := time.Now()
+	deadline := t0.Add(d)
+	for w := 0; w < k; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 0
+			for time.Now().Before(deadline) {
+				if err := op(w); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					break
+				}
+				n++
+			}
+			mu.Lock()
+			total += n
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return float64(total) / time.Since(t0).Seconds(), first
+}
+
+// benchThroughput is (d): executions per second of /bin/true (start+wait
+// until cleaned) with 1 and 8 clients, each on its own connection, against
+// os/exec Run from as many goroutines; 1 s windows alternating.
+func (s *suite) benchThroughput(t *testing.T) {
+	d := s.startDaemon(t, "throughput", "cgroup")
+	ctx := ctxT(t, 5*time.Minute)
+	var rows []rateRow
+	for _, k := range []int{1, 8} {
+		clients := make([]*ipc.Client, k)
+		for i := range clients {
+			clients[i] = d.client(t)
+		}
+		viaDaemon := func(w int) error {
+			c := clients[w]
+			rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
+			if err != nil {
+				return fmt.Errorf("exec.start: %w", err)
+			}
+			rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
+			if err != nil {
+				return fmt.Errorf("exec.wait: %w", err)
+			}
+			if rec.ExitCode == nil || *rec.ExitCode != 0 {
+				b, _ := json.Marshal(rec)
+				return fmt.Errorf("/bin/true did not exit 0: %s", b)
+			}
+			return nil
+		}
+		bare := func(int) error { return exec.Command("/bin/true").Run() }
+		var dr, br []float64
+		for i := 0; i < tputWindows; i++ {
+			rotate(i,
+				func() {
+					r, err := window(k, tputWindow, viaDaemon)
+					if err != nil {
+						t.Fatalf("%d clients: %v", k, err)
+					}
+					dr = append(dr, r)
+				},
+				func() {
+					r, err := window(k, tputWindow, bare)
+					if err != nil {
+						t.Fatalf("%d goroutines os/exec: %v", k, err)
+					}
+					br = append(br, r)
+				})
+		}
+		rows = append(rows, rateRow{
+			name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup start+wait", baseName: fmt.Sprintf("os/exec Run ×%d goroutines", k),
+			unit: "exec/s", side1: dr, base: br,
+		})
+	}
+	s.rateTable("(d) executions per second, /bin/true",
+		fmt.Sprintf("Each client its own connection, looping exec.start + exec.wait (until cleaned); baseline: as many goroutines looping os/exec Run in the benchmark process. "+
+			"%d windows of %s per side, alternating; the table gives the median window and the range.", tputWindows, tputWindow),
+		rows)
+}
+
+// benchDrain is (e): a child writing 1 GB to stdout as fast as it can,
+// through corrald (default output limit: kept head and tail, middle
+// counted and dropped) against the same command with stdout on /dev/null
+// and with stdout on an os/exec pipe read into io.Discard.
+func (s *suite) benchDrain(t *testing.T) {
+	d := s.startDaemon(t, "drain", "cgroup")
+	c := d.client(t)
+	ctx := ctxT(t, 5*time.Minute)
+	argv := []string{"/usr/bin/head", "-c", fmt.Sprint(drainBytes), "/dev/zero"}
+	var viaDaemon, devNull, goPipe []float64
+	const gb = 1e9
+	for i := 0; i < drainRounds; i++ {
+		rotate(i,
+			func() {
+				t0 := time.Now()
+				rec, err := c.Start(ctx, api.StartParams{Argv: argv, TimeoutMS: 300000})
+				if err != nil {
+					t.Fatalf("exec.start: %v", err)
+				}
+				rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
+				el := time.Since(t0)
+				if err != nil {
+					t.Fatalf("exec.wait: %v", err)
+				}
+				if rec.ExitCode == nil || *rec.ExitCode != 0 || rec.Stdout.TotalBytes != drainBytes {
+					b, _ := json.Marshal(rec)
+					t.Fatalf("head through corrald: want exit 0 and %d stdout bytes counted; got %s", drainBytes, b)
+				}
+				viaDaemon = append(viaDaemon, float64(drainBytes)/el.Seconds()/gb)
+			},
+			func() {
+				t0 := time.Now()
+				if err := exec.Command(argv[0], argv[1:]...).Run(); err != nil {
+					t.Fatalf("head to /dev/null: %v", err)
+				}
+				devNull = append(devNull, float64(drainBytes)/time.Since(t0).Seconds()/gb)
+			},
+			func() {
+				var n countWriter
+				cmd := exec.Command(argv[0], argv[1:]...)
+				cmd.Stdout = &n
+				t0 := time.Now()
+				if err := cmd.Run(); err != nil {
+					t.Fatalf("head to an os/exec pipe: %v", err)
+				}
+				el := time.Since(t0)
+				if int64(n) != drainBytes {
+					t.Fatalf("head to an os/exec pipe: read %d bytes, want %d", n, drainBytes)
+				}
+				goPipe = append(goPipe, float64(drainBytes)/el.Seconds()/gb)
+			})
+	}
+	s.rateTable("(e) output drain throughput, 1 GB on stdout",
+		fmt.Sprintf("`head -c %d /dev/zero`; corrald: exec.start to exec.wait (cleaned), default output_limit_bytes (262144 kept, the rest counted and dropped); "+
+			"baselines: os/exec Run with stdout on /dev/null, and with stdout on an os/exec pipe copied to a byte counter in the benchmark process. %d rounds per side, interleaved.",
+			drainBytes, drainRounds),
+		[]rateRow{
+			{"corrald vs /dev/null", "corrald cgroup", "stdout on /dev/null", "GB/s", viaDaemon, devNull},
+			{"corrald vs Go pipe reader", "corrald cgroup", "os/exec pipe → counter", "GB/s", viaDaemon, goPipe},
+		})
+}
+
+// countWriter counts what is written to it and keeps nothing.
+type countWriter int64
+
+func (w *countWriter) Write(p []byte) (int, error) {
+	*w += countWriter(len(p))
+	return len(p), nil
+}
+
+var _ io.Writer = (*countWriter)(nil)
