@@ -74,7 +74,7 @@ func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowPara
 		}
 		rec := r.snapshot(e)
 		f.notify(api.NotifyState, api.StateNotification{Record: rec})
-		if e.state == api.StateCleaned {
+		if e.done {
 			f.finish(rec)
 			return
 		}
@@ -85,6 +85,9 @@ func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowPara
 	}); lerr != nil {
 		return api.Record{}, lerr
 	}
+	if err == api.ErrNotFound {
+		return r.followStored(caller, p, f)
+	}
 	if err != nil {
 		return api.Record{}, err
 	}
@@ -94,9 +97,7 @@ func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowPara
 	case <-ctx.Done():
 		_ = r.onLoop(context.Background(), func() {
 			delete(e.followers, f)
-			if f.heartbeat != nil {
-				r.loop.StopTimer(f.heartbeat)
-			}
+			r.stopFollower(f)
 		})
 		return api.Record{}, ctx.Err()
 	}
@@ -118,4 +119,38 @@ func (r *Reactor) armHeartbeat(e *execution, f *follower, every time.Duration) {
 		f.notify(api.NotifyHeartbeat, api.HeartbeatNotification{ID: e.id, Usage: u})
 		r.armHeartbeat(e, f, every)
 	})
+}
+
+// stopFollower stops f's heartbeat. Loop goroutine only.
+func (r *Reactor) stopFollower(f *follower) {
+	if f.heartbeat != nil {
+		r.loop.StopTimer(f.heartbeat)
+		f.heartbeat = nil
+	}
+}
+
+// followStored answers exec.follow for an execution only the store knows:
+// its kept output from the offsets, its state, and the record at once.
+func (r *Reactor) followStored(caller api.Owner, p api.FollowParams, f *follower) (api.Record, error) {
+	rec, err := r.stored(caller, p.ID)
+	if err != nil {
+		return api.Record{}, err
+	}
+	for i, off := range []int64{p.StdoutOffset, p.StderrOffset} {
+		stream := [2]string{"stdout", "stderr"}[i]
+		k, ok, err := r.store.Output(p.ID, stream)
+		if err != nil || !ok {
+			continue
+		}
+		for off < k.Total {
+			data, start, _ := k.Read(off, followChunk)
+			if len(data) == 0 {
+				break
+			}
+			f.notify(api.NotifyOutput, api.OutputNotification{ID: p.ID, Stream: stream, Offset: start, Data: data})
+			off = start + int64(len(data))
+		}
+	}
+	f.notify(api.NotifyState, api.StateNotification{Record: rec})
+	return rec, nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/corral-dev/corral/eventloop"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/store"
 )
 
 // Config configures a Reactor. Zero values mean the defaults noted.
@@ -56,6 +57,8 @@ type Config struct {
 	// under a PID 1 that does not reap. The daemon sets it; it changes the
 	// whole process.
 	Subreaper bool
+	// Store keeps records durable; nil means an in-memory store.
+	Store store.Store
 	// Info is filled into daemon.info (version, backend details, checks).
 	Info api.Info
 }
@@ -73,6 +76,8 @@ type Reactor struct {
 	perUID  map[uint32]int
 	readBuf []byte
 	reaper  *reaper // nil without Config.Subreaper
+	store   store.Store
+	acks    *acker
 
 	total atomic.Int64
 	// How exits were seen: through the pidfd in the loop, or by the
@@ -122,7 +127,13 @@ func New(cfg Config) (*Reactor, error) {
 			return nil, fmt.Errorf("reactor: %w", err)
 		}
 	}
+	st := cfg.Store
+	if st == nil {
+		st = store.NewMemory()
+	}
 	return &Reactor{
+		store:   st,
+		acks:    newAcker(),
 		reaper:  rp,
 		cfg:     cfg,
 		log:     cfg.Log,
@@ -137,6 +148,8 @@ func New(cfg Config) (*Reactor, error) {
 func (r *Reactor) Run(ctx context.Context) error {
 	defer r.reaper.close()
 	defer r.loop.Close()
+	go r.acks.run(r.post)
+	defer r.acks.close()
 	return r.loop.Run(ctx)
 }
 
@@ -184,18 +197,6 @@ func (r *Reactor) snapshot(e *execution) api.Record {
 	return rec
 }
 
-// publish tells followers about a state change. Loop goroutine only.
-func (r *Reactor) publish(e *execution) {
-	r.runningAt.Store(int64(r.running))
-	if len(e.followers) == 0 {
-		return
-	}
-	n := api.StateNotification{Record: r.snapshot(e)}
-	for f := range e.followers {
-		f.notify(api.NotifyState, n)
-	}
-}
-
 // Start implements exec.start.
 func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams) (api.Record, error) {
 	if r.stopping.Load() {
@@ -208,16 +209,30 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	if err != nil {
 		return api.Record{}, err
 	}
+	// An idempotency key may name an execution from before a restart.
+	var prior *api.Record
+	if p.ID != "" {
+		if rec, ok, err := r.store.Get(p.ID); err == nil && ok {
+			prior = &rec
+		}
+	}
 	var (
-		e        *execution
-		existing api.Record
-		found    bool
+		e   *execution
+		rec api.Record
+		old bool
 	)
-	if err := r.onLoop(ctx, func() { e, existing, found, err = r.create(caller, p) }); err != nil {
+	if err := r.onLoop(ctx, func() { e, rec, old, err = r.create(caller, p, prior) }); err != nil {
 		return api.Record{}, err
 	}
-	if err != nil || found {
-		return existing, err
+	if err != nil || old {
+		return rec, err
+	}
+	// The record is durable before the child is spawned: no execution can
+	// run that the store does not know of.
+	if err := <-r.store.Create(rec, storedParams(p)); err != nil {
+		_ = r.onLoop(context.Background(), func() { r.abandon(e) })
+		return api.Record{}, &api.Error{Code: api.CodeInternal,
+			Message: fmt.Sprintf("store: cannot record the execution, nothing was started: %v", err), Err: err}
 	}
 	sp := r.spawn(e, runAs)
 	// Hand the child to the loop whatever the client does now: from here
@@ -237,16 +252,23 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 
 // create registers a new execution in state started, or finds the one with
 // the same idempotency key. Loop goroutine only.
-func (r *Reactor) create(caller api.Owner, p api.StartParams) (*execution, api.Record, bool, error) {
+func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record) (*execution, api.Record, bool, error) {
 	if p.ID != "" {
+		var found *api.Record
 		if old, ok := r.execs[p.ID]; ok {
-			if old.owner.UID != caller.UID {
+			rec := r.snapshot(old)
+			found = &rec
+		} else if prior != nil {
+			found = prior
+		}
+		if found != nil {
+			if found.Owner.UID != caller.UID {
 				return nil, api.Record{}, false, api.Errorf(api.CodeIdempotency, "id: %q is already in use", p.ID)
 			}
-			if !slices.Equal(old.params.Argv, p.Argv) {
+			if !slices.Equal(found.Argv, p.Argv) {
 				return nil, api.Record{}, false, api.Errorf(api.CodeIdempotency, "id: %q was started with a different argv", p.ID)
 			}
-			return nil, r.snapshot(old), true, nil
+			return nil, *found, true, nil
 		}
 	}
 	if r.cfg.MaxRunning > 0 && r.running >= r.cfg.MaxRunning {
@@ -278,7 +300,19 @@ func (r *Reactor) create(caller api.Owner, p api.StartParams) (*execution, api.R
 	argv := make([]string, len(p.Argv))
 	copy(argv, p.Argv)
 	r.audit(e, "started").Strs("argv", argv).Msg("execution started")
-	return e, api.Record{}, false, nil
+	return e, r.snapshot(e), false, nil
+}
+
+// abandon forgets an execution whose record could not be stored; nothing
+// was started for it. Loop goroutine only.
+func (r *Reactor) abandon(e *execution) {
+	delete(r.execs, e.id)
+	r.running--
+	if r.perUID[e.owner.UID]--; r.perUID[e.owner.UID] <= 0 {
+		delete(r.perUID, e.owner.UID)
+	}
+	r.runningAt.Store(int64(r.running))
+	r.audit(e, "refused").Msg("execution refused: store unavailable")
 }
 
 // Get implements exec.get.
@@ -286,14 +320,16 @@ func (r *Reactor) Get(ctx context.Context, caller api.Owner, p api.IDParams) (re
 	if p.ID == "" {
 		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
 	}
-	if lerr := r.onLoop(ctx, func() {
-		var e *execution
-		if e, err = r.lookup(caller, p.ID); err == nil {
+	err = r.orStored(ctx, func() error {
+		e, err := r.lookup(caller, p.ID)
+		if err == nil {
 			rec = r.snapshot(e)
 		}
-	}); lerr != nil {
-		return rec, lerr
-	}
+		return err
+	}, func() (err error) {
+		rec, err = r.stored(caller, p.ID)
+		return err
+	})
 	return rec, err
 }
 
@@ -317,12 +353,15 @@ func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) 
 			return
 		}
 		rec = r.snapshot(e)
-		if e.state != api.StateCleaned {
+		if !e.done {
 			ch = make(chan api.Record, 1)
 			e.waiters[ch] = struct{}{}
 		}
 	}); lerr != nil {
 		return rec, lerr
+	}
+	if err == api.ErrNotFound {
+		return r.stored(caller, p.ID)
 	}
 	if err != nil || ch == nil {
 		return rec, err
@@ -353,19 +392,21 @@ func (r *Reactor) Cancel(ctx context.Context, caller api.Owner, p api.CancelPara
 	if p.ID == "" {
 		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
 	}
-	if lerr := r.onLoop(ctx, func() {
-		var e *execution
-		if e, err = r.lookup(caller, p.ID); err != nil {
-			return
+	err = r.orStored(ctx, func() error {
+		e, err := r.lookup(caller, p.ID)
+		if err != nil {
+			return err
 		}
 		if !e.state.Finished() && e.state != api.StateCanceling && e.pending == "" {
 			e.rec.CancelReason = p.Reason
 			r.toCanceling(e, api.OutcomeCancelled, false)
 		}
 		rec = r.snapshot(e)
-	}); lerr != nil {
-		return rec, lerr
-	}
+		return nil
+	}, func() (err error) {
+		rec, err = r.stored(caller, p.ID) // finished: cancel is a no-op
+		return err
+	})
 	return rec, err
 }
 
@@ -382,10 +423,10 @@ func (r *Reactor) Signal(ctx context.Context, caller api.Owner, p api.SignalPara
 	if p.Target != "" && p.Target != "all" && p.Target != "main" {
 		return rec, api.Errorf(api.CodeInvalidParams, "target: must be \"all\" or \"main\"")
 	}
-	if lerr := r.onLoop(ctx, func() {
-		var e *execution
-		if e, err = r.lookup(caller, p.ID); err != nil {
-			return
+	err = r.orStored(ctx, func() (err error) {
+		e, err := r.lookup(caller, p.ID)
+		if err != nil {
+			return err
 		}
 		rec = r.snapshot(e)
 		switch {
@@ -403,9 +444,11 @@ func (r *Reactor) Signal(ctx context.Context, caller api.Owner, p api.SignalPara
 			r.log.Info().Str("exec_id", e.id).Str("event", "signal").Str("signal", signalName(sig)).
 				Str("target", p.Target).Uint32("caller_uid", caller.UID).Msg("signal sent")
 		}
-	}); lerr != nil {
-		return rec, lerr
-	}
+		return err
+	}, func() (err error) {
+		rec, err = r.stored(caller, p.ID) // finished: nothing to signal
+		return err
+	})
 	return rec, err
 }
 
@@ -414,15 +457,19 @@ func (r *Reactor) Write(ctx context.Context, caller api.Owner, p api.WriteParams
 	if p.ID == "" {
 		return res, api.Errorf(api.CodeInvalidParams, "id: required")
 	}
-	if lerr := r.onLoop(ctx, func() {
-		var e *execution
-		if e, err = r.lookup(caller, p.ID); err != nil {
-			return
+	err = r.orStored(ctx, func() (err error) {
+		e, err := r.lookup(caller, p.ID)
+		if err != nil {
+			return err
 		}
 		res.Written, err = r.writeStdin(e, p.Data, p.Close)
-	}); lerr != nil {
-		return res, lerr
-	}
+		return err
+	}, func() error {
+		if _, err := r.stored(caller, p.ID); err != nil {
+			return err
+		}
+		return api.Errorf(api.CodeInvalidParams, "stdin: the execution has finished")
+	})
 	return res, err
 }
 
@@ -457,6 +504,33 @@ func (r *Reactor) List(ctx context.Context, caller api.Owner, p api.ListParams) 
 	}); lerr != nil {
 		return res, lerr
 	}
+	// Cleaned executions live in the store only.
+	f := store.ListFilter{Labels: p.Labels}
+	if caller.UID != 0 {
+		uid := caller.UID
+		f.OwnerUID = &uid
+	}
+	if want != 0 {
+		f.State = &want
+	}
+	if p.Limit > 0 {
+		f.Limit = p.Limit + len(res.Executions)
+	}
+	if want == 0 || want == api.StateCleaned {
+		old, serr := r.store.List(f)
+		if serr != nil {
+			return res, &api.Error{Code: api.CodeInternal, Message: "store: read failed", Err: serr}
+		}
+		seen := make(map[string]bool, len(res.Executions))
+		for _, rec := range res.Executions {
+			seen[rec.ID] = true
+		}
+		for _, rec := range old {
+			if !seen[rec.ID] {
+				res.Executions = append(res.Executions, rec)
+			}
+		}
+	}
 	sort.Slice(res.Executions, func(i, j int) bool {
 		return res.Executions[i].CreatedAt.After(res.Executions[j].CreatedAt)
 	})
@@ -479,15 +553,15 @@ func (r *Reactor) Output(ctx context.Context, caller api.Owner, p api.OutputPara
 	if limit == 0 || limit > 4<<20 {
 		limit = 4 << 20
 	}
-	if lerr := r.onLoop(ctx, func() {
-		var e *execution
-		if e, err = r.lookup(caller, p.ID); err != nil {
-			return
+	err = r.orStored(ctx, func() (err error) {
+		e, err := r.lookup(caller, p.ID)
+		if err != nil {
+			return err
 		}
 		s := e.streams[idx]
 		if s == nil { // never started
 			res = api.OutputResult{Data: []byte{}, Offset: 0, EOF: e.state.Finished()}
-			return
+			return nil
 		}
 		data, start, gap := s.kept.read(p.Offset, limit)
 		res = api.OutputResult{
@@ -498,9 +572,11 @@ func (r *Reactor) Output(ctx context.Context, caller api.Owner, p api.OutputPara
 		if res.Data == nil {
 			res.Data = []byte{}
 		}
-	}); lerr != nil {
-		return res, lerr
-	}
+		return nil
+	}, func() (err error) {
+		res, err = r.storedOutput(caller, p, limit)
+		return err
+	})
 	return res, err
 }
 
@@ -523,6 +599,7 @@ func (r *Reactor) Info(ctx context.Context) (api.Info, error) {
 	info.Default = r.cfg.Defaults
 	info.Running = int(r.runningAt.Load())
 	info.Total = r.total.Load()
+	info.Store = store.Status(r.store)
 	return info, nil
 }
 

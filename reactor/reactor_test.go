@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -224,13 +225,22 @@ func TestImmediateExit(t *testing.T) {
 	}
 }
 
+// openFds counts the process's open fds: the least of a few samples, since
+// the reaper goroutine opens /proc files for a moment now and then.
 func openFds(t *testing.T) int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
+	least := -1
+	for i := 0; i < 5; i++ {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if least < 0 || len(ents) < least {
+			least = len(ents)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	return len(ents)
+	return least
 }
 
 // noZombies fails if the test process has an exited child not yet reaped.
@@ -306,11 +316,17 @@ func TestNoLeakAfterThousandRuns(t *testing.T) {
 
 func TestHandleUseAfterWait(t *testing.T) {
 	tr := newTestReactor(t, nil)
-	rec := tr.run(api.StartParams{Argv: []string{"true"}})
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var e *execution
 	tr.onLoop(context.Background(), func() { e = tr.execs[rec.ID] })
-	if e.pidfd != -1 {
-		t.Errorf("pidfd = %d after exit, want closed (-1)", e.pidfd)
+	rec = tr.wait(rec.ID)
+	var pidfd int
+	tr.onLoop(context.Background(), func() { pidfd = e.pidfd })
+	if pidfd != -1 {
+		t.Errorf("pidfd = %d after exit, want closed (-1)", pidfd)
 	}
 	if err := e.proc.Signal(unix.SIGTERM); !errors.Is(err, os.ErrProcessDone) {
 		t.Errorf("Signal after Wait = %v, want os.ErrProcessDone", err)
@@ -660,5 +676,43 @@ func TestShimStartFailed(t *testing.T) {
 	rec := tr.run(api.StartParams{Argv: []string{"/nonexistent/corral-cmd"}, Network: "none"})
 	if outcome(rec) != api.OutcomeStartFailed || rec.StartErrno != "ENOENT" {
 		t.Errorf("outcome %v errno %q error %v", outcome(rec), rec.StartErrno, rec.Error)
+	}
+}
+
+func TestCPULimitBackstopWithoutCgroup(t *testing.T) {
+	tr := newTestReactor(t, nil) // pgroup: no cgroup measures the tree
+	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "while :; do :; done"}, CPUMS: 1000, TimeoutMS: 20000})
+	if outcome(rec) != api.OutcomeCPULimit {
+		t.Errorf("outcome = %v (signal %v), want cpu_limit", outcome(rec), rec.Signal)
+	}
+}
+
+func TestWorkspaceForUnprivilegedUser(t *testing.T) {
+	state := t.TempDir()
+	if err := os.Chmod(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tr := newTestReactor(t, func(c *Config) { c.StateDir = state })
+	nobody := api.Owner{UID: 65534, GID: 65534, PID: 1}
+	rec, err := tr.Start(context.Background(), nobody, api.StartParams{Argv: []string{"sh", "-c", "pwd; id -u; echo x > f"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rec, err = tr.Wait(ctx, nobody, api.WaitParams{ID: rec.ID})
+	if err != nil || rec.ExitCode == nil || *rec.ExitCode != 0 {
+		t.Fatalf("run as nobody in its workspace: %v %v error %q", err, outcome(rec), *rec.Error)
+	}
+	out, _ := tr.Output(context.Background(), nobody, api.OutputParams{ID: rec.ID})
+	want := filepath.Join(state, "work", rec.ID) + "\n65534\n"
+	if string(out.Data) != want {
+		t.Errorf("stdout = %q, want %q", out.Data, want)
+	}
+	if rec.Workspace == nil || *rec.Workspace != filepath.Join(state, "work", rec.ID) {
+		t.Errorf("workspace = %v", rec.Workspace)
+	}
+	if _, err := os.Stat(filepath.Join(state, "work", rec.ID)); !os.IsNotExist(err) {
+		t.Errorf("workspace still exists after cleaned: %v", err)
 	}
 }

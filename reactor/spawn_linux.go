@@ -146,10 +146,15 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	// systemd scope holds it, and to do what SysProcAttr cannot (bring up
 	// lo in a new network namespace before dropping to the user).
 	var sh *shim.Handle
-	if hold := r.cfg.Backend.Name() == "systemd"; hold || p.Network == "none" {
+	// A non-root user's workspace sits under the root-only state directory:
+	// the shim enters it before dropping privileges, which os/exec cannot
+	// (it changes the credentials first, then the directory).
+	dropInto := sp.work != "" && cmd.SysProcAttr.Credential != nil && cmd.SysProcAttr.Credential.Uid != 0
+	if hold := r.cfg.Backend.Name() == "systemd"; hold || p.Network == "none" || dropInto {
 		cfg := shim.Config{
 			Argv: p.Argv, Env: env, Dir: dir, Hold: hold,
 			LoopbackUp: p.Network == "none", NoNewPrivs: true,
+			EnterDirAsRoot: sp.work != "",
 		}
 		if c := cmd.SysProcAttr.Credential; c != nil {
 			cfg.SetCreds, cfg.UID, cfg.GID, cfg.Groups = true, c.Uid, c.Gid, c.Groups

@@ -64,6 +64,7 @@ type execution struct {
 	waiters   map[chan api.Record]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}
 	retire    *eventloop.Timer // drops the record after retention
+	done      bool             // cleaned, and durable: waiters are answered at once
 }
 
 // transition moves e to next if the state machine allows it.
@@ -84,6 +85,7 @@ func (r *Reactor) transition(e *execution, next api.State) bool {
 // pipes are watched by the loop. Timers for the wall limit and sampling start
 // here. A cancel that arrived while it was spawning is applied at once.
 func (r *Reactor) toRunning(e *execution) {
+	from := e.state
 	if !r.transition(e, api.StateRunning) {
 		return
 	}
@@ -101,7 +103,7 @@ func (r *Reactor) toRunning(e *execution) {
 		r.armSampler(e)
 	}
 	r.audit(e, "running").Int("pid", e.proc.Pid).Msg("execution running")
-	r.publish(e)
+	r.commit(e, from)
 	if e.pending != "" {
 		r.toCanceling(e, e.pending, e.hardKil)
 	}
@@ -118,13 +120,14 @@ func (r *Reactor) toCanceling(e *execution, why api.Outcome, hard bool) {
 		}
 		return
 	}
+	from := e.state
 	if !r.transition(e, api.StateCanceling) {
 		return
 	}
 	e.pending = why
 	r.stopTimer(&e.timeout)
 	r.audit(e, "canceling").Str("reason", string(why)).Msg("execution canceling")
-	r.publish(e)
+	r.commit(e, from)
 	if hard || e.params.GraceMS <= 0 {
 		r.killTree(e)
 		return
@@ -149,6 +152,7 @@ type exitResult struct {
 // (or never ran, or would not die). The outcome is decided here, once. The
 // rest of the tree is killed and cleanup starts.
 func (r *Reactor) toExited(e *execution, res exitResult) {
+	from := e.state
 	if !r.transition(e, api.StateExited) {
 		return
 	}
@@ -184,8 +188,14 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 				outcome = api.OutcomeExited
 			}
 		case ws.Signaled():
-			name := signalName(unix.Signal(ws.Signal()))
+			sig := unix.Signal(ws.Signal())
+			name := signalName(sig)
 			e.rec.Signal = &name
+			if outcome == "" && e.params.CPUMS > 0 && (sig == unix.SIGXCPU || sig == unix.SIGKILL && rusageCPU(res.ps) >= e.params.CPUMS) {
+				// The RLIMIT_CPU backstop fired (SIGXCPU at the soft limit,
+				// SIGKILL at the hard one).
+				outcome = api.OutcomeCPULimit
+			}
 			if outcome == "" {
 				outcome = api.OutcomeSignaled
 			}
@@ -230,7 +240,7 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		ev = ev.Str("error", errText)
 	}
 	ev.Msg("execution exited")
-	r.publish(e)
+	r.commit(e, from)
 	r.startCleanup(e)
 }
 
@@ -254,18 +264,47 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		delete(r.perUID, e.owner.UID)
 	}
 	r.audit(e, "cleaned").Msg("execution cleaned")
-	r.publish(e)
+	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
-	for ch := range e.waiters {
-		ch <- rec
+	// The final record, with the kept output, is durable before any client
+	// hears of it; from then on the store answers for it.
+	r.persist(e, api.StateExited, rec, func(ok bool) {
+		r.tell(e, rec)
+		e.done = true
+		for ch := range e.waiters {
+			ch <- rec
+		}
+		e.waiters = nil
+		for f := range e.followers {
+			r.stopFollower(f)
+			f.finish(rec)
+		}
+		e.followers = nil
+		if ok {
+			delete(r.execs, e.id)
+		} else if r.cfg.Retention > 0 {
+			// Not durable: keep it in memory for the retention period.
+			e.retire = r.loop.AfterFunc(r.cfg.Retention, func() { delete(r.execs, e.id) })
+		}
+	}, keptForStore(e)...)
+}
+
+// commit persists the transition e just made from state from and tells
+// followers once it is durable. Loop goroutine only.
+func (r *Reactor) commit(e *execution, from api.State) {
+	r.runningAt.Store(int64(r.running))
+	rec := r.snapshot(e)
+	r.persist(e, from, rec, func(bool) { r.tell(e, rec) })
+}
+
+// tell sends a state notification to e's followers.
+func (r *Reactor) tell(e *execution, rec api.Record) {
+	if len(e.followers) == 0 {
+		return
 	}
-	e.waiters = nil
+	n := api.StateNotification{Record: rec}
 	for f := range e.followers {
-		f.finish(rec)
-	}
-	e.followers = nil
-	if r.cfg.Retention > 0 {
-		e.retire = r.loop.AfterFunc(r.cfg.Retention, func() { delete(r.execs, e.id) })
+		f.notify(api.NotifyState, n)
 	}
 }
 
@@ -503,4 +542,10 @@ func (r *Reactor) audit(e *execution, event string) *zerolog.Event {
 		ev = ev.Str("label_"+k, v)
 	}
 	return ev
+}
+
+// rusageCPU is the CPU time in ms that the main process used, with the
+// children it waited for.
+func rusageCPU(ps *os.ProcessState) int64 {
+	return (ps.UserTime() + ps.SystemTime()).Milliseconds()
 }

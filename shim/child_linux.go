@@ -121,6 +121,15 @@ func setup(cfg *Config) *ExecError {
 			return newExecError("setrlimit", fmt.Errorf("setrlimit %d: %w", r.Resource, err))
 		}
 	}
+	// A workspace the daemon made for this execution may sit under a
+	// directory only root can traverse: enter it while still root. Any
+	// other directory is entered as the user (below), so a request cannot
+	// reach a directory its user could not.
+	if cfg.Dir != "" && cfg.EnterDirAsRoot {
+		if err := os.Chdir(cfg.Dir); err != nil {
+			return newExecError("chdir", fmt.Errorf("chdir %q: %w", cfg.Dir, err))
+		}
+	}
 	if cfg.SetCreds {
 		// Groups and gid first: after setuid we may no longer change them.
 		// The syscall package applies these to every thread of the process.
@@ -139,7 +148,7 @@ func setup(cfg *Config) *ExecError {
 		}
 	}
 	// After setuid, so that the new user must be able to enter Dir.
-	if cfg.Dir != "" {
+	if cfg.Dir != "" && !cfg.EnterDirAsRoot {
 		if err := os.Chdir(cfg.Dir); err != nil {
 			var pe *os.PathError
 			if errors.As(err, &pe) {

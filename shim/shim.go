@@ -75,6 +75,10 @@ type Config struct {
 	// NoNewPrivs sets PR_SET_NO_NEW_PRIVS for the command (setuid binaries
 	// and file capabilities no longer raise privileges).
 	NoNewPrivs bool `json:"no_new_privs,omitempty"`
+	// EnterDirAsRoot enters Dir before the credentials change (a workspace
+	// the daemon created under a root-only directory). Otherwise Dir is
+	// entered as the new user.
+	EnterDirAsRoot bool `json:"enter_dir_as_root,omitempty"`
 }
 
 // ExecError is the shim's report of a failure before or at exec.

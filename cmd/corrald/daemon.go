@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/reactor"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/store"
 	"github.com/corral-dev/corral/systemd"
 )
 
@@ -84,6 +85,50 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
 	}
 
+	// The store: every execution's record, durable across restarts.
+	// Records an earlier run left unfinished are settled before anything
+	// new starts: running ones are lost (their scopes were killed above),
+	// and their workspaces go.
+	st, err := store.Open(c.stateDir, log)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			log.Error().Err(err).Msg("close store")
+		}
+	}()
+	workDir := filepath.Join(c.stateDir, "work")
+	n, err := store.Recover(st, log, time.Now(), func(rec api.Record) error {
+		if err := os.RemoveAll(filepath.Join(workDir, rec.ID)); err != nil {
+			return fmt.Errorf("remove workspace: %w", err)
+		}
+		ev := log.Warn().Str("exec_id", rec.ID).Str("event", "cleaned").Uint32("owner_uid", rec.Owner.UID).
+			Int32("owner_pid", rec.Owner.PID).Str("scope", rec.Scope)
+		if rec.Outcome != nil {
+			ev = ev.Str("outcome", string(*rec.Outcome))
+		}
+		ev.Msg("execution settled at start-up")
+		return nil
+	})
+	if err != nil {
+		log.Error().Err(err).Msg("recover unfinished executions")
+	}
+	if n > 0 {
+		log.Warn().Int("count", n).Msg("settled executions left by an earlier run")
+	}
+	// Nothing runs yet, so anything left in the work directory is debris.
+	if ents, err := os.ReadDir(workDir); err == nil {
+		for _, e := range ents {
+			if err := os.RemoveAll(filepath.Join(workDir, e.Name())); err != nil {
+				log.Warn().Err(err).Str("workspace", e.Name()).Msg("remove leftover workspace")
+			}
+		}
+	}
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	defer stopSweep()
+	store.StartSweeper(sweepCtx, st, log, c.retention, 0)
+
 	ln, activated, err := listen(c, log)
 	if err != nil {
 		return err
@@ -104,9 +149,10 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		MaxRunning:     c.maxRunning,
 		MaxPerUID:      c.maxPerUID,
 		Subreaper:      true,
+		Store:          st,
 		Info: api.Info{
 			Version: version, Pidfd: host.Pidfd, Cgroup: host.CgroupMode, Kernel: host.Kernel,
-			Socket: ln.Addr().String(), StateDir: c.stateDir, Store: "memory", Checks: checks,
+			Socket: ln.Addr().String(), StateDir: c.stateDir, Checks: checks,
 		},
 	})
 	if err != nil {

@@ -1,0 +1,171 @@
+package reactor
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/store"
+)
+
+// acker turns the store's answers into loop work, in the order the
+// transitions were made. The loop never waits on the disk: it queues the
+// store's answer channel here and goes on; one goroutine waits for each
+// answer in turn and posts the follow-up (tell followers, answer waiters)
+// back to the loop. The store commits in queue order, so waiting in order
+// adds no latency beyond the group commit.
+type acker struct {
+	mu   sync.Mutex
+	q    []pendingAck
+	wake chan struct{}
+	stop chan struct{}
+	done chan struct{}
+}
+
+type pendingAck struct {
+	ch   <-chan store.Result
+	then func(store.Result) // runs on the loop goroutine
+}
+
+func newAcker() *acker {
+	return &acker{wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// push queues an answer to wait for. Never blocks; any goroutine.
+func (a *acker) push(p pendingAck) {
+	a.mu.Lock()
+	a.q = append(a.q, p)
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *acker) run(post func(func())) {
+	defer close(a.done)
+	for {
+		a.mu.Lock()
+		var p pendingAck
+		ok := len(a.q) > 0
+		if ok {
+			p = a.q[0]
+			a.q[0] = pendingAck{}
+			a.q = a.q[1:]
+		}
+		a.mu.Unlock()
+		if !ok {
+			select {
+			case <-a.wake:
+				continue
+			case <-a.stop:
+				return
+			}
+		}
+		res := <-p.ch
+		post(func() { p.then(res) })
+	}
+}
+
+func (a *acker) close() {
+	close(a.stop)
+	<-a.done
+}
+
+// persist queues e's record, just moved from state from, as a conditional
+// update; then runs on the loop once it is durable (or failed: supervision
+// goes on, the store reports itself degraded). Loop goroutine only.
+func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then func(ok bool), outs ...store.Output) {
+	ch := r.store.Transition(from, rec, outs...)
+	r.acks.push(pendingAck{ch: ch, then: func(res store.Result) {
+		if res.Err != nil {
+			r.log.Error().Err(res.Err).Str("exec_id", e.id).Stringer("state", rec.State).
+				Msg("store: transition not durable; the execution stays supervised")
+		}
+		if then != nil {
+			then(res.Err == nil)
+		}
+	}})
+}
+
+// keptForStore is the kept output of e's streams as the store keeps it.
+func keptForStore(e *execution) []store.Output {
+	var outs []store.Output
+	for _, s := range e.streams {
+		if s == nil {
+			continue
+		}
+		outs = append(outs, store.Output{Stream: s.name, Kept: store.KeptOutput{
+			Head: append([]byte(nil), s.kept.head...), Tail: s.kept.tailBytes(),
+			TailOffset: s.kept.tailOffset(), Total: s.kept.total,
+		}})
+	}
+	return outs
+}
+
+// storedParams is what of exec.start is kept with the record: enough to
+// audit and to compare an idempotent retry, without the environment's
+// values or stdin (they may hold secrets).
+func storedParams(p api.StartParams) []byte {
+	p.Stdin = nil
+	if len(p.Env) > 0 {
+		names := make(map[string]string, len(p.Env))
+		for k := range p.Env {
+			names[k] = ""
+		}
+		p.Env = names
+	}
+	b, _ := json.Marshal(p)
+	return b
+}
+
+// stored finds id in the store for caller: executions no longer in memory
+// (cleaned, or from before a restart). Blocking read: never on the loop.
+func (r *Reactor) stored(caller api.Owner, id string) (api.Record, error) {
+	rec, ok, err := r.store.Get(id)
+	if err != nil {
+		return api.Record{}, &api.Error{Code: api.CodeInternal, Message: "store: read failed", Err: err}
+	}
+	if !ok || (caller.UID != 0 && rec.Owner.UID != caller.UID) {
+		return api.Record{}, api.ErrNotFound
+	}
+	return rec, nil
+}
+
+// storedOutput answers exec.output for a record no longer in memory.
+func (r *Reactor) storedOutput(caller api.Owner, p api.OutputParams, limit int64) (api.OutputResult, error) {
+	if _, err := r.stored(caller, p.ID); err != nil {
+		return api.OutputResult{}, err
+	}
+	stream := p.Stream
+	if stream == "" {
+		stream = store.Stdout
+	}
+	k, ok, err := r.store.Output(p.ID, stream)
+	if err != nil {
+		return api.OutputResult{}, &api.Error{Code: api.CodeInternal, Message: "store: read failed", Err: err}
+	}
+	if !ok {
+		return api.OutputResult{Data: []byte{}, EOF: true}, nil
+	}
+	data, start, gap := k.Read(p.Offset, limit)
+	if data == nil {
+		data = []byte{}
+	}
+	next := start + int64(len(data))
+	return api.OutputResult{Data: data, Offset: start, NextOffset: next, TotalBytes: k.Total, EOF: next >= k.Total, Gap: gap}, nil
+}
+
+// orStored runs the in-memory lookup f on the loop; when the execution is
+// not in memory it falls back to the store with g.
+func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) error {
+	var err error
+	if lerr := r.onLoop(ctx, func() { err = f() }); lerr != nil {
+		return lerr
+	}
+	if err == api.ErrNotFound {
+		return g()
+	}
+	return err
+}
