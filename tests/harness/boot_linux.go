@@ -132,10 +132,21 @@ func Boot(opts Options) (*Systemd, error) {
 		return fail(err)
 	}
 	s.cgroups = lay.hierarchies
+	// Commands run inside enter the harness's cgroups from OUTSIDE, before
+	// nsenter: on a cgroup2 mounted with nsdelegate (pure v2 hosts) a process
+	// in a cgroup namespace cannot be moved in from a cgroup outside it, not
+	// even by systemd-run --scope. v1 hierarchies take them at the namespace
+	// root; v2 ones need a leaf, since systemd enables controllers at the
+	// root and a cgroup with controllers enabled may hold no processes.
 	for _, h := range lay.hierarchies {
-		// Inside, each hierarchy is mounted where the host mounts it, with
-		// the child cgroup as its root.
-		s.rootProcs = append(s.rootProcs, filepath.Join(h.mountpoint, "cgroup.procs"))
+		dst := h.child
+		if h.v2 {
+			dst = filepath.Join(h.child, execCgroup)
+			if err := os.Mkdir(dst, 0o755); err != nil {
+				return fail(fmt.Errorf("create cgroup %s: %w", dst, err))
+			}
+		}
+		s.execProcs = append(s.execProcs, filepath.Join(dst, "cgroup.procs"))
 	}
 	if err := os.WriteFile(filepath.Join(dir, "init.sh"), []byte(initScript(lay, opts.SystemdPath)), 0o644); err != nil {
 		return fail(err)
@@ -243,22 +254,27 @@ func (s *Systemd) logTail() string {
 	return "\nsystemd log (tail):\n" + string(data)
 }
 
-// enterRootScript moves the process into the root cgroup of the harness's
-// cgroup namespace in every hierarchy where the kernel allows it (all v1
-// ones; v2 only while systemd enables no controllers there), so that it does
-// not stay in the host's cgroups ("/.." inside). Errors are ignored.
-const enterRootScript = `p=$1; shift; for f in $p; do echo $$ 2>/dev/null >"$f" || true; done; exec "$@"`
+// execCgroup is the leaf under the harness's v2 child cgroup that commands
+// started by Command and RawCommand enter before nsenter.
+const execCgroup = "harness-exec"
 
-// nsenterArgs enter every namespace of the harness, keep the caller's
-// working directory (entering a mount namespace resets it to "/") and move
-// into the namespace's root cgroups.
-func (s *Systemd) nsenterArgs() []string {
+// enterScript moves the shell into the cgroups given as $1 (host paths),
+// then execs the rest of its arguments (nsenter ...).
+const enterScript = `p=$1; shift
+for f in $p; do echo $$ >"$f" || { echo "harness: cannot enter cgroup $f" >&2; exit 125; }; done
+exec "$@"`
+
+// command enters the harness's cgroups, then all its namespaces, keeping
+// the caller's working directory (entering a mount namespace resets it to
+// "/"), and runs argv.
+func (s *Systemd) command(ctx context.Context, argv ...string) *exec.Cmd {
 	wd, err := os.Getwd()
 	if err != nil {
 		wd = "/"
 	}
-	return []string{"-t", strconv.Itoa(s.initPID), "-p", "-m", "-C", "-u", "-i", "--wd=" + wd, "--",
-		"/bin/sh", "-c", enterRootScript, "sh", strings.Join(s.rootProcs, " ")}
+	a := []string{"-c", enterScript, "sh", strings.Join(s.execProcs, " "),
+		"nsenter", "-t", strconv.Itoa(s.initPID), "-p", "-m", "-C", "-u", "-i", "--wd=" + wd, "--"}
+	return exec.CommandContext(ctx, "/bin/sh", append(a, argv...)...)
 }
 
 // Command returns a command that runs name inside the harness's namespaces,
@@ -269,16 +285,16 @@ func (s *Systemd) nsenterArgs() []string {
 // working directory is the caller's at the time of this call). Cancelling
 // ctx kills nsenter but not necessarily the program inside; Close does.
 func (s *Systemd) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	a := append(s.nsenterArgs(), "systemd-run", "--scope", "--quiet", "--collect", "-p", "Delegate=yes", "--", name)
-	return exec.CommandContext(ctx, "nsenter", append(a, args...)...)
+	a := []string{"systemd-run", "--scope", "--quiet", "--collect", "-p", "Delegate=yes", "--", name}
+	return s.command(ctx, append(a, args...)...)
 }
 
-// RawCommand is Command without the transient scope: the program stays in
-// the caller's (host) cgroup, outside systemd's tree. Use it for systemctl,
-// journalctl and the like, or when systemd itself is in trouble.
+// RawCommand is Command without the transient scope: the program runs in
+// the harness's root cgroup (v1) or a leaf of it named harness-exec (v2),
+// which systemd does not manage. Use it for systemctl, journalctl and the
+// like, or when systemd itself is in trouble.
 func (s *Systemd) RawCommand(ctx context.Context, name string, args ...string) *exec.Cmd {
-	a := append(s.nsenterArgs(), name)
-	return exec.CommandContext(ctx, "nsenter", append(a, args...)...)
+	return s.command(ctx, append([]string{name}, args...)...)
 }
 
 // Close kills the namespaces' PID 1 (which takes every process inside with

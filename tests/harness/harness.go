@@ -51,10 +51,25 @@
 //     --wd explicitly.
 //   - nsenter -C only enters the cgroup namespace, not a cgroup: the process
 //     would stay in the host cgroup, outside systemd's tree (its
-//     /proc/self/cgroup reads "/.."). Command therefore runs the program via
-//     systemd-run --scope, which moves it into a proper transient scope.
+//     /proc/self/cgroup reads "/.."). And on a cgroup2 mounted with
+//     nsdelegate (pure v2 systemd hosts) nothing inside the namespace, not
+//     even its systemd, may move a process in from outside. So commands
+//     enter the harness's cgroups from outside first (a tiny shell writes
+//     cgroup.procs, then execs nsenter), and Command then runs the program
+//     via systemd-run --scope, which moves it into a transient scope.
 //   - Killing nsenter does not kill the program it started inside (nsenter
 //     has no --kill-child); Close tears everything down anyway.
+//   - PID 1 systemd always reopens /dev/console for its log, even in a
+//     container, and wants a tty there: without care it writes to the
+//     host's console. We bind a pty of ours over /dev/console. Keep a slave
+//     fd open: a master with no open slave reads EIO, and a slave whose
+//     master is gone fails to open with EIO, which systemd retries for a
+//     second per log line (a 30 s boot).
+//   - journald imports /dev/kmsg (the host's kernel log) unless it is
+//     /dev/null, as under systemd-nspawn; we bind /dev/null over it.
+//   - Closing: SIGKILL systemd and let unshare reap it. cgroup.kill on the
+//     child cgroup first would also kill unshare, leaving a zombie systemd
+//     for the host's PID 1.
 //   - In the hybrid layout systemd gives a unit its v1 cpuacct/memory/pids
 //     cgroups only with CPUAccounting=/MemoryAccounting=/TasksAccounting=yes;
 //     the name=systemd and unified hierarchies always have it.
@@ -132,9 +147,9 @@ type Systemd struct {
 	exited  chan struct{} // closed when unshare has been waited for
 	waitErr error         // valid after exited is closed
 	cgroups []*hierarchy
-	// rootProcs are the cgroup.procs files of the namespace's root cgroups,
-	// as paths inside.
-	rootProcs []string
+	// execProcs are the host paths of the cgroup.procs files commands enter
+	// before nsenter (see Boot).
+	execProcs []string
 	logFile   *os.File
 	// consoleDone is closed when the console pty copier has finished.
 	consoleDone  chan struct{}
