@@ -9,6 +9,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/eventloop"
+	"github.com/corral-dev/corral/redact"
 )
 
 // stream is one output pipe of an execution. Loop goroutine only.
@@ -16,6 +17,22 @@ type stream struct {
 	name string // "stdout" or "stderr"
 	fd   int    // our read end; -1 once closed
 	kept *keptOutput
+	// With redact, chunks pass through red before anything keeps or sends
+	// them; offsets then count the redacted stream, and raw the bytes the
+	// child actually wrote (the record's total_bytes).
+	red *redact.Redactor
+	raw int64
+}
+
+// info is the record's view of the stream: kept counts, and the bytes the
+// child wrote.
+func (s *stream) info() api.StreamInfo {
+	in := s.kept.info()
+	if s.red != nil {
+		in.TotalBytes = s.raw
+		in.Truncated = in.Truncated || s.raw > in.KeptBytes
+	}
+	return in
 }
 
 // stdinPipe is the write end of a child's stdin with what is queued for it.
@@ -44,6 +61,9 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 	e.proc, e.sc = sp.proc, sp.sc
 	for i, fd := range []int{sp.stdout, sp.stderr} {
 		s := &stream{name: [2]string{"stdout", "stderr"}[i], fd: fd, kept: newKeptOutput(e.params.OutputLimitBytes)}
+		if e.params.Redact {
+			s.red = redact.New()
+		}
 		e.streams[i] = s
 		if err := r.loop.Add(fd, eventloop.Readable, func(eventloop.Events) { r.drain(e, s) }); err != nil {
 			r.log.Error().Err(err).Str("exec_id", e.id).Msg("watch output pipe")
@@ -114,15 +134,12 @@ func (r *Reactor) drain(e *execution, s *stream) {
 	for i := 0; i < 4 && s.fd >= 0; i++ {
 		n, err := unix.Read(s.fd, r.readBuf)
 		if n > 0 {
-			off := s.kept.total
-			s.kept.write(r.readBuf[:n])
-			if len(e.followers) > 0 {
-				data := append([]byte(nil), r.readBuf[:n]...)
-				note := api.OutputNotification{ID: e.id, Stream: s.name, Offset: off, Data: data}
-				for f := range e.followers {
-					f.notify(api.NotifyOutput, note)
-				}
+			chunk := r.readBuf[:n]
+			if s.red != nil {
+				s.raw += int64(n)
+				chunk = s.red.Write(chunk)
 			}
+			r.keep(e, s, chunk)
 			if n < len(r.readBuf) {
 				return
 			}
@@ -143,9 +160,28 @@ func (r *Reactor) drain(e *execution, s *stream) {
 	}
 }
 
+// keep appends chunk to s's kept output and sends it to e's followers.
+// chunk may alias the loop's read buffer: notify encodes before it returns.
+func (r *Reactor) keep(e *execution, s *stream, chunk []byte) {
+	if len(chunk) == 0 {
+		return
+	}
+	off := s.kept.total
+	s.kept.write(chunk)
+	if len(e.followers) > 0 {
+		note := api.OutputNotification{ID: e.id, Stream: s.name, Offset: off, Data: chunk}
+		for f := range e.followers {
+			f.notify(api.NotifyOutput, note)
+		}
+	}
+}
+
 func (r *Reactor) closeStream(e *execution, s *stream) {
 	if s.fd < 0 {
 		return
+	}
+	if s.red != nil {
+		r.keep(e, s, s.red.Flush()) // what was held back at EOF
 	}
 	if err := r.loop.Remove(s.fd); err != nil {
 		r.log.Debug().Err(err).Str("exec_id", e.id).Msg("unwatch output pipe")

@@ -188,8 +188,8 @@ func (r *Reactor) lookup(caller api.Owner, id string) (*execution, error) {
 func (r *Reactor) snapshot(e *execution) api.Record {
 	rec := e.rec
 	if e.streams[0] != nil {
-		rec.Stdout = e.streams[0].kept.info()
-		rec.Stderr = e.streams[1].kept.info()
+		rec.Stdout = e.streams[0].info()
+		rec.Stderr = e.streams[1].info()
 	}
 	if rec.DurationMS == 0 && rec.StartedAt != nil && rec.ExitedAt == nil {
 		rec.DurationMS = time.Since(*rec.StartedAt).Milliseconds()

@@ -716,3 +716,22 @@ func TestWorkspaceForUnprivilegedUser(t *testing.T) {
 		t.Errorf("workspace still exists after cleaned: %v", err)
 	}
 }
+
+func TestRedactedOutput(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	script := `printf 'token: Bearer abcdefghijklmnop123\nkey AKIAABCDEFGHIJKLMNOP\n'`
+	for _, redact := range []bool{false, true} {
+		rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", script}, Redact: redact})
+		out := tr.stdout(rec.ID)
+		leaked := strings.Contains(out, "abcdefghijklmnop123") || strings.Contains(out, "AKIAABCDEFGHIJKLMNOP")
+		if leaked == redact {
+			t.Errorf("redact=%v: stdout %q", redact, out)
+		}
+		if redact && !strings.Contains(out, "[REDACTED]") {
+			t.Errorf("redacted stdout %q has no [REDACTED]", out)
+		}
+		if rec.Stdout.TotalBytes != 59 {
+			t.Errorf("redact=%v: total_bytes = %d, want the 59 bytes the child wrote", redact, rec.Stdout.TotalBytes)
+		}
+	}
+}
