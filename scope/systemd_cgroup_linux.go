@@ -158,7 +158,7 @@ func (p sdPaths) kill() (handled bool, err error) {
 		switch {
 		case err == nil:
 			return true, nil
-		case errors.Is(err, os.ErrNotExist) && !sdExists(p.Unified):
+		case sdGone(err) && !sdExists(p.Unified):
 			return true, nil // scope gone: nothing left to kill
 		}
 		// cgroup.kill missing (old kernel): walk the procs below.
@@ -183,7 +183,7 @@ func sdSignalTree(dir string, sig unix.Signal) error {
 		found := 0
 		err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 			if err != nil {
-				if errors.Is(err, os.ErrNotExist) {
+				if sdGone(err) {
 					return nil
 				}
 				return err
@@ -193,7 +193,7 @@ func sdSignalTree(dir string, sig unix.Signal) error {
 			}
 			data, err := cgRead(p, "cgroup.procs")
 			if err != nil {
-				if errors.Is(err, os.ErrNotExist) {
+				if sdGone(err) {
 					return nil
 				}
 				return err
@@ -225,7 +225,7 @@ func sdSignalTree(dir string, sig unix.Signal) error {
 func (p sdPaths) empty() (bool, error) {
 	if p.Unified != "" {
 		data, err := cgRead(p.Unified, "cgroup.events")
-		if errors.Is(err, os.ErrNotExist) {
+		if sdGone(err) {
 			return true, nil
 		}
 		if err != nil {
@@ -243,7 +243,7 @@ func (p sdPaths) empty() (bool, error) {
 	populated := false
 	err := filepath.WalkDir(p.Systemd, func(q string, d os.DirEntry, err error) error {
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
+			if sdGone(err) {
 				return nil
 			}
 			return err
@@ -252,7 +252,7 @@ func (p sdPaths) empty() (bool, error) {
 			return nil
 		}
 		data, err := cgRead(q, "cgroup.procs")
-		if errors.Is(err, os.ErrNotExist) {
+		if sdGone(err) {
 			return nil
 		}
 		if err != nil {
@@ -336,6 +336,12 @@ func sdInt(dir, file string) int64 {
 		return Unknown
 	}
 	return v
+}
+
+// sdGone reports whether err means the cgroup file is gone: ENOENT once
+// the directory is removed, ENODEV while it is being removed.
+func sdGone(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV)
 }
 
 func sdExists(dir string) bool {

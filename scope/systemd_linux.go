@@ -416,6 +416,11 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 		s.mu.Unlock()
 		return fmt.Errorf("start scope %s: scope is %s", s.unit, st)
 	}
+	if s.killed {
+		s.state = sdFailed
+		s.mu.Unlock()
+		return fmt.Errorf("start scope %s: killed before it started", s.unit)
+	}
 	s.state = sdStarting
 	s.mu.Unlock()
 
