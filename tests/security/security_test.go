@@ -1,0 +1,425 @@
+package security
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+)
+
+// TestOtherUsersExecutionIsInvisible: every exec.* method that names B's
+// execution answers A with -32001, exactly as for an id that does not exist,
+// and exec.list does not show it to A. B's execution is unaffected.
+func TestOtherUsersExecutionIsInvisible(t *testing.T) {
+	d := startDaemon(t)
+	a, b := users[userA], users[userB]
+	r := d.as(b, call{"exec.start", map[string]any{"argv": []string{"sleep", "60"}, "cwd": "/", "stdin_open": true}})
+	victim := r[0].record(t)
+	t.Cleanup(func() { d.as(nil, call{"exec.cancel", map[string]any{"id": victim.ID}}) })
+	mine := d.as(a, call{"exec.start", map[string]any{"argv": []string{"true"}, "cwd": "/"}})[0].record(t)
+
+	data := base64.StdEncoding.EncodeToString([]byte("rm -rf ~\n"))
+	attempts := func(id string) []call {
+		return []call{
+			{"exec.get", map[string]any{"id": id}},
+			{"exec.wait", map[string]any{"id": id, "timeout_ms": 200}},
+			{"exec.follow", map[string]any{"id": id}},
+			{"exec.signal", map[string]any{"id": id, "signal": "SIGKILL"}},
+			{"exec.write", map[string]any{"id": id, "data": data, "close": true}},
+			{"exec.cancel", map[string]any{"id": id, "reason": "A says so"}},
+			{"exec.output", map[string]any{"id": id, "stream": "stdout"}},
+		}
+	}
+	got := d.as(a, attempts(victim.ID)...)
+	missing := d.as(a, attempts("no-such-execution")...)
+	for i, rep := range got {
+		if rep.Code != api.CodeNotFound {
+			t.Errorf("%s of B's execution as A: code %d (%q, result %s), want %d", rep.Method, rep.Code, rep.Message, rep.Result, api.CodeNotFound)
+			continue
+		}
+		if rep.Message != missing[i].Message {
+			t.Errorf("%s of B's execution as A: message %q differs from a missing id's %q", rep.Method, rep.Message, missing[i].Message)
+		}
+	}
+
+	if ids := d.listIDs(a); slices.Contains(ids, victim.ID) || !slices.Contains(ids, mine.ID) {
+		t.Errorf("exec.list as A = %v, want A's %s and not B's %s", ids, mine.ID, victim.ID)
+	}
+	if ids := d.listIDs(b); !slices.Contains(ids, victim.ID) || slices.Contains(ids, mine.ID) {
+		t.Errorf("exec.list as B = %v, want B's %s and not A's %s", ids, victim.ID, mine.ID)
+	}
+	if ids := d.listIDs(nil); !slices.Contains(ids, victim.ID) || !slices.Contains(ids, mine.ID) {
+		t.Errorf("exec.list as root = %v, want both %s and %s", ids, victim.ID, mine.ID)
+	}
+
+	// None of A's attempts reached B's execution.
+	after := d.as(b, call{"exec.get", map[string]any{"id": victim.ID}})[0].record(t)
+	if after.State != api.StateRunning || after.CancelReason != "" {
+		t.Errorf("B's execution after A's attempts: state %s, cancel reason %q; want running, none", after.State, after.CancelReason)
+	}
+	// B still can: the write reaches sleep's stdin, the cancel ends it.
+	r = d.as(b,
+		call{"exec.write", map[string]any{"id": victim.ID, "data": data}},
+		call{"exec.cancel", map[string]any{"id": victim.ID, "reason": "test over"}},
+		call{"exec.wait", map[string]any{"id": victim.ID}},
+	)
+	if r[0].Code != 0 {
+		t.Errorf("exec.write by the owner: %d %q", r[0].Code, r[0].Message)
+	}
+	if rec := r[2].record(t); rec.Outcome == nil || *rec.Outcome != api.OutcomeCancelled {
+		t.Errorf("B's execution after B's cancel: outcome %v, want cancelled", rec.Outcome)
+	}
+}
+
+// TestChildRunsAsCaller: the child has the caller's uid, gid and the
+// supplementary groups of the user database, whoever the daemon is.
+func TestChildRunsAsCaller(t *testing.T) {
+	d := startDaemon(t)
+	for _, name := range []string{userA, userB} {
+		t.Run(name, func(t *testing.T) {
+			u := users[name]
+			for _, network := range []string{"host", "none"} { // without and with the shim
+				rec, out, errs := d.run(u, map[string]any{"argv": []string{"sh", "-c", "id -u; id -g; id -G"}, "cwd": "/", "network": network})
+				if code := exitCode(t, rec); code != 0 {
+					t.Fatalf("network %s: id exited %d: %s", network, code, errs)
+				}
+				lines := strings.Split(strings.TrimSpace(out), "\n")
+				if len(lines) != 3 {
+					t.Fatalf("network %s: id printed %q", network, out)
+				}
+				if want := strconv.Itoa(int(u.uid)); lines[0] != want {
+					t.Errorf("network %s: uid = %s, want %s", network, lines[0], want)
+				}
+				if want := strconv.Itoa(int(u.gid)); lines[1] != want {
+					t.Errorf("network %s: gid = %s, want %s", network, lines[1], want)
+				}
+				if got, want := sortedSet(strings.Fields(lines[2])), groupSet(u); !slices.Equal(got, want) {
+					t.Errorf("network %s: groups = %v, want %v (from the user database)", network, got, want)
+				}
+				if rec.Owner.UID != u.uid {
+					t.Errorf("record owner uid = %d, want %d", rec.Owner.UID, u.uid)
+				}
+			}
+		})
+	}
+}
+
+func sortedSet(s []string) []string {
+	sort.Strings(s)
+	return slices.Compact(s)
+}
+
+func groupSet(u *testUser) []string {
+	s := []string{strconv.Itoa(int(u.gid))}
+	for _, g := range u.groups {
+		s = append(s, strconv.Itoa(int(g)))
+	}
+	return sortedSet(s)
+}
+
+// TestOnlyRootChoosesUser: a non-root caller asking for another user gets
+// -32002 and nothing starts; root may.
+func TestOnlyRootChoosesUser(t *testing.T) {
+	d := startDaemon(t)
+	a := users[userA]
+	before := d.info().Total
+	for _, other := range []string{"root", "0", userB} {
+		r := d.as(a, call{"exec.start", map[string]any{"argv": []string{"id", "-u"}, "cwd": "/", "user": other}})
+		if r[0].Code != api.CodePermission {
+			t.Errorf("A starting as user %q: code %d %q (result %.80s), want %d", other, r[0].Code, r[0].Message, r[0].Result, api.CodePermission)
+		}
+	}
+	if after := d.info().Total; after != before {
+		t.Errorf("daemon.info total went from %d to %d: a refused start started something", before, after)
+	}
+	rec, out, _ := d.run(nil, map[string]any{"argv": []string{"id", "-u"}, "cwd": "/", "user": userB})
+	if exitCode(t, rec) != 0 || strings.TrimSpace(out) != strconv.Itoa(int(users[userB].uid)) {
+		t.Errorf("root starting as %s: id -u printed %q, want %d", userB, out, users[userB].uid)
+	}
+}
+
+// TestSetuidBinaryCannotEscalate: a setuid-root copy of id(1) raises the
+// effective uid to 0 when the test runs it as A directly, but not inside a
+// child of corrald (no_new_privs).
+func TestSetuidBinaryCannotEscalate(t *testing.T) {
+	d := startDaemon(t)
+	a := users[userA]
+	suid := filepath.Join(d.dir, "suid-id")
+	if err := copyFile("/usr/bin/id", suid, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(suid) })
+	if err := os.Chown(suid, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(suid, 0o4755|os.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
+	// Control: without no_new_privs the copy does escalate, so the check
+	// below can fail.
+	ctl := exec.Command(suid, "-u")
+	ctl.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: a.uid, Gid: a.gid, Groups: a.groups}}
+	out, err := ctl.Output()
+	if err != nil {
+		t.Fatalf("control run of %s as %s: %v", suid, a.name, err)
+	}
+	if strings.TrimSpace(string(out)) != "0" {
+		t.Skipf("setuid does not take effect here (nosuid mount or no_new_privs already set on the test): euid %s", out)
+	}
+
+	script := suid + " -u; grep NoNewPrivs /proc/self/status"
+	for _, network := range []string{"host", "none"} {
+		rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/", "network": network})
+		if code := exitCode(t, rec); code != 0 {
+			t.Fatalf("network %s: exit %d: %s", network, code, errs)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("network %s: output %q", network, out)
+		}
+		if want := strconv.Itoa(int(a.uid)); lines[0] != want {
+			t.Errorf("network %s: setuid-root id -u in the child printed euid %s, want %s", network, lines[0], want)
+		}
+		if f := strings.Fields(lines[1]); len(f) != 2 || f[1] != "1" {
+			t.Errorf("network %s: child's /proc/self/status says %q, want NoNewPrivs: 1", network, lines[1])
+		}
+	}
+}
+
+// TestDaemonEnvironmentDoesNotLeak: corrald runs with CORRAL_SECRET_TEST in
+// its environment; the child's environment is the minimal base plus the
+// request's variables.
+func TestDaemonEnvironmentDoesNotLeak(t *testing.T) {
+	d := startDaemon(t)
+	a := users[userA]
+	allowed := map[string]bool{"PATH": true, "HOME": true, "USER": true, "LOGNAME": true, "LANG": true,
+		"SHELL": true, "TERM": true, "TZ": true, "FROM_REQUEST": true}
+	for _, network := range []string{"host", "none"} {
+		rec, out, errs := d.run(a, map[string]any{"argv": []string{"env"}, "cwd": "/", "network": network,
+			"env": map[string]string{"FROM_REQUEST": "yes"}})
+		if code := exitCode(t, rec); code != 0 {
+			t.Fatalf("network %s: env exited %d: %s", network, code, errs)
+		}
+		vars := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			k, v, _ := strings.Cut(l, "=")
+			vars[k] = v
+		}
+		if v, ok := vars["CORRAL_SECRET_TEST"]; ok {
+			t.Errorf("network %s: the daemon's CORRAL_SECRET_TEST=%s reached the child", network, v)
+		}
+		for k := range vars {
+			if !allowed[k] {
+				t.Errorf("network %s: unexpected variable %s in the child's environment", network, k)
+			}
+		}
+		if vars["FROM_REQUEST"] != "yes" || vars["USER"] != userA {
+			t.Errorf("network %s: environment %v, want FROM_REQUEST=yes and USER=%s", network, vars, userA)
+		}
+	}
+}
+
+// TestNetworkNoneCannotReachHostLoopback: a listener on the host's
+// 127.0.0.1 is reachable with network "host" and not with "none", where
+// the child has its own loopback (up: connecting is refused, not
+// unreachable).
+func TestNetworkNoneCannotReachHostLoopback(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash not installed (needed for /dev/tcp)")
+	}
+	d := startDaemon(t)
+	a := users[userA]
+	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	port := ln.Addr().(*net.TCPAddr).Port
+	accepted := make(chan struct{}, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	script := fmt.Sprintf("exec 3<>/dev/tcp/127.0.0.1/%d && echo connected", port)
+
+	rec, out, errs := d.run(a, map[string]any{"argv": []string{"bash", "-c", script}, "cwd": "/", "network": "host"})
+	if exitCode(t, rec) != 0 || strings.TrimSpace(out) != "connected" {
+		t.Fatalf("network host: exit %d, stdout %q, stderr %q; want connected", exitCode(t, rec), out, errs)
+	}
+	select {
+	case <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("network host: the listener saw no connection")
+	}
+
+	rec, out, errs = d.run(a, map[string]any{"argv": []string{"bash", "-c", script}, "cwd": "/", "network": "none"})
+	if exitCode(t, rec) == 0 || strings.Contains(out, "connected") {
+		t.Errorf("network none: exit %d, stdout %q: reached the host's loopback", exitCode(t, rec), out)
+	}
+	if !strings.Contains(errs, "refused") {
+		t.Errorf("network none: stderr %q, want connection refused by the private loopback (is lo up?)", errs)
+	}
+	select {
+	case <-accepted:
+		t.Error("network none: the host's listener accepted a connection")
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestWorkspaceRemovalStaysInside: a workspace with a read-only
+// subdirectory and symlinks to /etc and to a directory of the test is
+// removed at cleaned; what the links point to is untouched.
+func TestWorkspaceRemovalStaysInside(t *testing.T) {
+	d := startDaemon(t)
+	a := users[userA]
+	canaryDir := t.TempDir()
+	canary := filepath.Join(canaryDir, "canary")
+	if err := os.WriteFile(canary, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(canaryDir, 0o755)
+	script := "stat -c '%a %u %g' . && mkdir ro && touch ro/f && chmod 555 ro && " +
+		"ln -s /etc etc-link && ln -s " + canaryDir + " canary-link && ln -s / root-link && pwd"
+	rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}})
+	if code := exitCode(t, rec); code != 0 {
+		t.Fatalf("workspace script exited %d: %s", code, errs)
+	}
+	if rec.Workspace == nil {
+		t.Fatal("record has no workspace")
+	}
+	ws := *rec.Workspace
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("script printed %q", out)
+	}
+	if want := fmt.Sprintf("700 %d %d", a.uid, a.gid); lines[0] != want {
+		t.Errorf("workspace mode, uid, gid = %q, want %q", lines[0], want)
+	}
+	if lines[1] != ws {
+		t.Errorf("child's cwd %q, record's workspace %q", lines[1], ws)
+	}
+	if want := filepath.Join(d.state, "work", rec.ID); ws != want {
+		t.Errorf("workspace = %q, want %q", ws, want)
+	}
+	if _, err := os.Lstat(ws); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("workspace %s after cleaned: %v, want it gone", ws, err)
+	}
+	if rec.Error != nil {
+		t.Errorf("record error %q, want none", *rec.Error)
+	}
+	for _, f := range []string{"/etc/passwd", "/etc/hostname", canary} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s after the workspace was removed: %v", f, err)
+		}
+	}
+}
+
+// TestCapsRefuseWithNothingStarted: over --max-running or --max-per-uid,
+// exec.start answers -32003 and starts nothing.
+func TestCapsRefuseWithNothingStarted(t *testing.T) {
+	a, b := users[userA], users[userB]
+	sleep := map[string]any{"argv": []string{"sleep", "60"}, "cwd": "/"}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		refused []*testUser // after one execution of A runs
+		allowed []*testUser
+	}{
+		{"max-running", []string{"--max-running", "1", "--max-per-uid", "0"}, []*testUser{a, b}, nil},
+		{"max-per-uid", []string{"--max-running", "10", "--max-per-uid", "1"}, []*testUser{a}, []*testUser{b}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := startDaemon(t, tc.args...)
+			t.Cleanup(func() {
+				for _, id := range d.listIDs(nil) {
+					d.as(nil, call{"exec.cancel", map[string]any{"id": id}})
+				}
+			})
+			first := d.as(a, call{"exec.start", sleep})[0].record(t)
+			for _, u := range tc.refused {
+				r := d.as(u, call{"exec.start", sleep})
+				if r[0].Code != api.CodeOverCapacity {
+					t.Errorf("%s's start over the cap: code %d %q (result %.80s), want %d", u.name, r[0].Code, r[0].Message, r[0].Result, api.CodeOverCapacity)
+				}
+			}
+			want := []string{first.ID}
+			for _, u := range tc.allowed {
+				want = append(want, d.as(u, call{"exec.start", sleep})[0].record(t).ID)
+			}
+			sort.Strings(want)
+			if ids := d.listIDs(nil); !slices.Equal(ids, want) {
+				t.Errorf("exec.list as root = %v, want only %v", ids, want)
+			}
+			if info := d.info(); info.Total != int64(len(want)) || info.Running != len(want) {
+				t.Errorf("daemon.info total %d running %d, want %d each", info.Total, info.Running, len(want))
+			}
+		})
+	}
+}
+
+// TestRedactedOutput: with redact, secrets the child prints (split across
+// writes, so across pipe reads) never reach a client; total_bytes counts
+// what the child wrote and nothing is reported truncated.
+func TestRedactedOutput(t *testing.T) {
+	d := startDaemon(t)
+	a := users[userA]
+	const (
+		token  = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0"
+		keyID  = "AKIAIOSFODNN7EXAMPLE"
+		secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+		pemA   = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"
+		pemB   = "VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK"
+	)
+	// Each printf is its own write; the sleeps make separate pipe reads
+	// likely, cutting through the middle of the token and the key block.
+	script := "printf 'Authorization: Bearer eyJhbGciOiJIUzI1'; sleep 0.1; printf 'NiJ9.c2VjcmV0\\n';" +
+		"printf 'id " + keyID + "\\naws_secret_access_key = " + secret + "\\n';" +
+		"printf -- '-----BEGIN RSA PRIVATE KEY-----\\n" + pemA + "\\n'; sleep 0.1;" +
+		"printf '" + pemB + "\\n-----END RSA PRIVATE KEY-----\\ndone\\n'"
+	raw := "Authorization: Bearer " + token + "\nid " + keyID + "\naws_secret_access_key = " + secret + "\n" +
+		"-----BEGIN RSA PRIVATE KEY-----\n" + pemA + "\n" + pemB + "\n-----END RSA PRIVATE KEY-----\ndone\n"
+	want := "Authorization: Bearer [REDACTED]\nid [REDACTED]\naws_secret_access_key = [REDACTED]\n[REDACTED]\ndone\n"
+
+	rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/", "redact": true})
+	if code := exitCode(t, rec); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if out != want {
+		t.Errorf("redacted stdout = %q, want %q", out, want)
+	}
+	for _, s := range []string{token, keyID, secret, pemA, pemB, "NiJ9"} {
+		if strings.Contains(out, s) {
+			t.Errorf("secret %q in the kept output", s)
+		}
+	}
+	if rec.Stdout.TotalBytes != int64(len(raw)) {
+		t.Errorf("stdout total_bytes = %d, want %d (what the child wrote)", rec.Stdout.TotalBytes, len(raw))
+	}
+	if rec.Stdout.KeptBytes != int64(len(want)) || rec.Stdout.Truncated {
+		t.Errorf("stdout kept_bytes %d truncated %v, want %d and false (nothing was dropped)", rec.Stdout.KeptBytes, rec.Stdout.Truncated, len(want))
+	}
+
+	// Without redact the same output is kept as written.
+	_, out, _ = d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/"})
+	if out != raw {
+		t.Errorf("stdout without redact = %q, want %q", out, raw)
+	}
+}
