@@ -1,23 +1,58 @@
-// Package systemd is corrald's host integration with systemd: sd_notify
-// (READY, STATUS, STOPPING, WATCHDOG), socket activation, and the journald
-// log writer. Every function is a harmless no-op when the daemon does not
-// run under systemd, so callers need not check.
+// Package systemd integrates corrald with the host's service manager:
+// readiness, status and watchdog notifications (sd_notify), socket
+// activation, and structured logging to the journal.
+//
+// Every function here is safe to call from any goroutine, and a no-op (or
+// an empty result) when corrald is not running under systemd, so the daemon
+// calls them unconditionally.
+//
+// # Journal fields
+//
+// JournalWriter is zerolog's journald writer. Each zerolog event becomes one
+// journal entry:
+//
+//   - the "message" field becomes MESSAGE;
+//   - the "level" field becomes PRIORITY (trace/debug 7, info 6, warn 4,
+//     error 3, fatal 2, panic 0, no level 5) and is not stored otherwise;
+//   - the "time" field is dropped (the journal stamps entries itself);
+//   - every other top-level key is upper-cased, with characters outside
+//     [A-Z0-9_] replaced by '_' and an "X" prefixed when it would start with
+//     a digit or '_': "exec_id" -> EXEC_ID, "owner_uid" -> OWNER_UID,
+//     "event" -> EVENT, "peer-pid" -> PEER_PID. String values are stored as
+//     is, numbers in decimal, anything else (objects, arrays, bools) as JSON;
+//   - the whole event is also stored as JSON in the JSON field.
+//
+// So `journalctl -u corrald EXEC_ID=<id>` finds every line about one
+// execution, and `journalctl -o json` shows the fields. Avoid field names
+// that collide with journal fields the writer or journald set themselves
+// (message, priority, syslog_identifier, code_file, code_line, json, and
+// anything starting with '_', which becomes X_...). To set the identifier
+// shown by journalctl (otherwise the process name), add the field
+// "syslog_identifier" once to the logger's context.
 package systemd
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/coreos/go-systemd/v22/journal"
 	"github.com/rs/zerolog/journald"
 )
 
-// UnderSystemd reports whether systemd is the service manager and started
-// this process as a service (it set INVOCATION_ID or NOTIFY_SOCKET).
+// SocketName is the name systemd gives the fds of corrald.socket
+// (LISTEN_FDNAMES defaults to the socket unit's name).
+const SocketName = "corrald.socket"
+
+// UnderSystemd reports whether the process runs as a systemd service: the
+// host runs systemd (/run/systemd/system exists) and the process was
+// started by it (INVOCATION_ID or NOTIFY_SOCKET is set).
 func UnderSystemd() bool {
 	if _, err := os.Stat("/run/systemd/system"); err != nil {
 		return false
@@ -25,21 +60,45 @@ func UnderSystemd() bool {
 	return os.Getenv("INVOCATION_ID") != "" || os.Getenv("NOTIFY_SOCKET") != ""
 }
 
-// Ready tells systemd the daemon is up (Type=notify). It reports whether a
-// notification was sent.
-func Ready() bool { return notify(daemon.SdNotifyReady) }
+// notify sends state to $NOTIFY_SOCKET. It reports false and no error when
+// the variable is unset. The variable is left set: it is needed for every
+// later notification (children must not inherit it; see ScrubEnv).
+func notify(state string) (bool, error) {
+	sent, err := daemon.SdNotify(false, state)
+	if err != nil {
+		return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), err)
+	}
+	return sent, nil
+}
 
-// Stopping tells systemd the daemon is shutting down.
-func Stopping() bool { return notify(daemon.SdNotifyStopping) }
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
 
-// Status sets the one-line status systemctl status shows.
-func Status(s string) bool { return notify("STATUS=" + s) }
+// Ready tells systemd that start-up is finished (READY=1, for Type=notify):
+// call it once the API socket is listening and recovery is done.
+func Ready() (bool, error) { return notify(daemon.SdNotifyReady) }
 
-// Watchdog pings the watchdog; call it more often than WatchdogInterval.
-func Watchdog() bool { return notify(daemon.SdNotifyWatchdog) }
+// Status sets the free-form status line shown by `systemctl status`.
+// Newlines in s are replaced by spaces (they would start a new variable).
+func Status(s string) (bool, error) {
+	return notify("STATUS=" + strings.ReplaceAll(s, "\n", " "))
+}
 
-// WatchdogInterval returns WatchdogSec when the watchdog is enabled for this
-// process.
+// Stopping tells systemd that an orderly shutdown has begun (STOPPING=1).
+func Stopping() (bool, error) { return notify(daemon.SdNotifyStopping) }
+
+// Watchdog pings the service watchdog (WATCHDOG=1). Call it from the
+// goroutine whose liveness it should prove (the event loop), every
+// WatchdogInterval.
+func Watchdog() (bool, error) { return notify(daemon.SdNotifyWatchdog) }
+
+// WatchdogInterval returns the unit's WatchdogSec= (WATCHDOG_USEC) and
+// whether the watchdog is enabled for this process at all (WATCHDOG_USEC set
+// and WATCHDOG_PID, if set, is ours). Ping with Watchdog at least twice per
+// interval (every interval/2, as systemd recommends). A malformed
+// WATCHDOG_USEC counts as disabled.
 func WatchdogInterval() (time.Duration, bool) {
 	d, err := daemon.SdWatchdogEnabled(false)
 	if err != nil || d <= 0 {
@@ -48,41 +107,95 @@ func WatchdogInterval() (time.Duration, bool) {
 	return d, true
 }
 
-func notify(state string) bool {
-	ok, err := daemon.SdNotify(false, state)
-	return ok && err == nil
-}
-
-// Listeners returns the Unix stream sockets passed by socket activation
-// (LISTEN_FDS), or none. It unsets the LISTEN_* variables so children never
-// see them.
+// Listeners returns the Unix stream sockets systemd passed by socket
+// activation: those named SocketName if any fd carries that name, else all
+// passed fds. It returns nil and no error when nothing was passed (or the
+// fds were meant for another process: LISTEN_PID is not ours). It unsets
+// LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES, marks the fds close-on-exec,
+// and must be called at most once per process. The listeners do not unlink
+// the socket path on Close (systemd owns it). The caller owns them.
 func Listeners() ([]*net.UnixListener, error) {
-	lns, err := activation.Listeners()
-	if err != nil {
-		return nil, fmt.Errorf("socket activation: %w", err)
+	files := activation.Files(true)
+	if len(files) == 0 {
+		return nil, nil
+	}
+	named := false
+	for _, f := range files {
+		if f.Name() == SocketName {
+			named = true
+		}
 	}
 	var out []*net.UnixListener
-	for _, l := range lns {
-		if l == nil {
+	var errs []error
+	for _, f := range files {
+		if named && f.Name() != SocketName {
+			f.Close()
+			continue
+		}
+		l, err := net.FileListener(f)
+		f.Close() // FileListener dups the fd
+		if err != nil {
+			errs = append(errs, fmt.Errorf("socket-activated fd %s: %w", f.Name(), err))
 			continue
 		}
 		ul, ok := l.(*net.UnixListener)
 		if !ok {
 			l.Close()
-			return nil, fmt.Errorf("socket activation: passed %s socket, want a Unix stream socket", l.Addr().Network())
+			errs = append(errs, fmt.Errorf("socket-activated fd %s: %s listener, want a unix stream socket", f.Name(), l.Addr().Network()))
+			continue
 		}
+		ul.SetUnlinkOnClose(false)
 		out = append(out, ul)
+	}
+	if err := errors.Join(errs...); err != nil {
+		for _, l := range out {
+			l.Close()
+		}
+		return nil, err
 	}
 	return out, nil
 }
 
-// JournalWriter returns a zerolog writer that sends each log line to
-// journald as one entry. Field names become journal fields upper-cased:
-// exec_id becomes EXEC_ID, label_tool_call becomes LABEL_TOOL_CALL. When the
-// journal socket is missing it writes JSON lines to stderr instead.
+// JournalWriter returns zerolog's journald writer (see the package doc for
+// how fields map to journal fields). When the journal's socket
+// (/run/systemd/journal/socket) does not exist it returns os.Stderr, so
+// the result is always usable; JournalAvailable tells the two apart. Each
+// event is sent as one datagram; the writer is safe for concurrent use.
 func JournalWriter() io.Writer {
-	if _, err := os.Stat("/run/systemd/journal/socket"); err != nil {
+	if !JournalAvailable() {
 		return os.Stderr
 	}
 	return journald.NewJournalDWriter()
+}
+
+// JournalAvailable reports whether the journal's socket exists.
+func JournalAvailable() bool { return journal.Enabled() }
+
+// serviceEnv are the variables systemd sets for the service itself; a
+// child that inherits them could notify or claim fds in corrald's name.
+var serviceEnv = []string{
+	"NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES",
+	"WATCHDOG_PID", "WATCHDOG_USEC", "INVOCATION_ID", "JOURNAL_STREAM",
+	"MAINPID", "MANAGERPID", "SYSTEMD_EXEC_PID", "TRIGGER_UNIT", "TRIGGER_TIMESTAMP_MONOTONIC", "TRIGGER_TIMESTAMP_REALTIME",
+}
+
+// ScrubEnv returns env (KEY=VALUE entries) without the variables systemd
+// sets for the daemon itself (NOTIFY_SOCKET, LISTEN_*, WATCHDOG_*,
+// INVOCATION_ID, JOURNAL_STREAM...), for building a child's environment.
+func ScrubEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		drop := false
+		for _, s := range serviceEnv {
+			if k == s {
+				drop = true
+				break
+			}
+		}
+		if !drop {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
