@@ -126,8 +126,8 @@ func setup(cfg *Config) *ExecError {
 	// other directory is entered as the user (below), so a request cannot
 	// reach a directory its user could not.
 	if cfg.Dir != "" && cfg.EnterDirAsRoot {
-		if err := os.Chdir(cfg.Dir); err != nil {
-			return newExecError("chdir", fmt.Errorf("chdir %q: %w", cfg.Dir, err))
+		if e := chdir(cfg.Dir); e != nil {
+			return e
 		}
 	}
 	if cfg.SetCreds {
@@ -149,18 +149,22 @@ func setup(cfg *Config) *ExecError {
 	}
 	// After setuid, so that the new user must be able to enter Dir.
 	if cfg.Dir != "" && !cfg.EnterDirAsRoot {
-		if err := os.Chdir(cfg.Dir); err != nil {
-			var pe *os.PathError
-			if errors.As(err, &pe) {
-				err = fmt.Errorf("chdir %q: %w", cfg.Dir, pe.Err)
-			}
-			return newExecError("chdir", err)
+		if e := chdir(cfg.Dir); e != nil {
+			return e
 		}
 	}
 	if cfg.NoNewPrivs {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return newExecError("no_new_privs", os.NewSyscallError("prctl(PR_SET_NO_NEW_PRIVS)", err))
 		}
+	}
+	return nil
+}
+
+// chdir enters dir, reporting `chdir "dir": <reason>`.
+func chdir(dir string) *ExecError {
+	if err := unix.Chdir(dir); err != nil {
+		return newExecError("chdir", fmt.Errorf("chdir %q: %w", dir, err))
 	}
 	return nil
 }

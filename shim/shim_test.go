@@ -320,6 +320,50 @@ func TestCreds(t *testing.T) {
 	}
 }
 
+func TestEnterDirAsRoot(t *testing.T) {
+	needRoot(t)
+	// A workspace under a directory only root may traverse, as the daemon's
+	// state directory is.
+	private := filepath.Join(t.TempDir(), "private")
+	work := filepath.Join(private, "work")
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(work, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		asRoot    bool
+		wantOut   string
+		wantErrno string
+	}{
+		{"entered as root, then dropped", true, work + "\n", ""},
+		{"entered as the user", false, "", "EACCES"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := start(t, shim.Config{
+				Argv: []string{"sh", "-c", "pwd -P; id -u >/dev/null"}, Env: []string{testPath}, Dir: work, Hold: true,
+				SetCreds: true, UID: 65534, GID: 65534, EnterDirAsRoot: tt.asRoot,
+			}, nil)
+			report, code := r.finish(t)
+			if tt.wantErrno != "" {
+				if report == nil || report.Op != "chdir" || report.Errno != tt.wantErrno || code != shim.ExitCannotExec {
+					t.Errorf("report %+v, exit %d; want chdir %s, exit %d", report, code, tt.wantErrno, shim.ExitCannotExec)
+				}
+				return
+			}
+			if report != nil || code != 0 || r.stdout.String() != tt.wantOut {
+				t.Errorf("report %+v, exit %d, stdout %q; want none, 0, %q", report, code, r.stdout.String(), tt.wantOut)
+			}
+		})
+	}
+}
+
 func TestNoNewPrivs(t *testing.T) {
 	for _, nnp := range []bool{false, true} {
 		r := start(t, shim.Config{
