@@ -33,6 +33,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(supervisorEnv) != "" {
 		os.Exit(runSupervisor())
 	}
+	if os.Getenv(systemdEnv) != "" {
+		os.Exit(runSystemdInside())
+	}
 	os.Exit(m.Run())
 }
 
@@ -53,7 +56,7 @@ func TestBenchSuite(t *testing.T) {
 		// A smoke run of the suite itself: small counts, figures not meaningful.
 		latencyN, latencyWU, notifyN = 30, 5, 10
 		tputWindows, drainBytes, drainRounds = 2, 100_000_000, 1
-		scaleN = 100
+		scaleN, systemdN = 100, 10
 	}
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
@@ -64,6 +67,7 @@ func TestBenchSuite(t *testing.T) {
 	t.Run("throughput", s.benchThroughput)
 	t.Run("drain", s.benchDrain)
 	t.Run("scale", s.benchScale)
+	t.Run("systemd", s.benchSystemd)
 
 	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s.\n", time.Since(start).Round(time.Second))
 	t.Logf("results:\n%s", s.out.String())
