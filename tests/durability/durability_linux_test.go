@@ -1,0 +1,564 @@
+// Package durability runs a real corrald (cgroup backend) on this host and
+// checks what its execution store promises across the daemon's life: after
+// kill -9 and a restart, running executions are settled as lost with their
+// trees, cgroups and workspaces gone, and finished ones keep their records
+// and output; idempotent retries survive a restart; a graceful stop leaves
+// durable records; a full disk refuses new work but keeps supervising; and
+// cleaned records expire after the retention period.
+//
+// The tests need root and a cgroup2 hierarchy; elsewhere they skip.
+package durability
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
+)
+
+// seqOutput is what `seq 1 n` prints.
+func seqOutput(n int) string {
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		b.WriteString(strconv.Itoa(i))
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// running is an execution started before the kill, with what the test
+// learned about it while it ran.
+type running struct {
+	name      string
+	id        string
+	procs     []proc
+	cgroup    string // absolute cgroup directory
+	workspace string // "" when it ran in a given cwd
+}
+
+func TestKillNineThenRestart(t *testing.T) {
+	e := newEnv(t, "")
+	d1 := e.start()
+	c := d1.client()
+
+	// Finished before the kill: a plain one and one with truncated output.
+	plain, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sh", "-c", "echo hello; echo oops >&2; exit 3"}, Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lines, limit = 3000, 64
+	wantTrunc := seqOutput(lines)
+	trunc, err := c.Start(ctx(t), api.StartParams{Argv: []string{"seq", "1", strconv.Itoa(lines)}, Cwd: "/", OutputLimitBytes: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plainRec := waitCleaned(t, c, plain.ID)
+	truncRec := waitCleaned(t, c, trunc.ID)
+	if truncRec.Stdout.TotalBytes != int64(len(wantTrunc)) || !truncRec.Stdout.Truncated || truncRec.Stdout.KeptBytes != limit {
+		t.Fatalf("truncated execution stdout = %+v, want total %d, kept %d, truncated", truncRec.Stdout, len(wantTrunc), limit)
+	}
+	truncBefore := readAll(t, c, trunc.ID, "stdout")
+
+	// Running at the kill: one in a given cwd, one in a workspace with a
+	// background child.
+	var runs []running
+	{
+		rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 600000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != api.StateRunning || rec.PID <= 0 {
+			t.Fatalf("sleep: exec.start = state %v pid %d, want running with a pid", rec.State, rec.PID)
+		}
+		runs = append(runs, running{name: "sleep", id: rec.ID, procs: []proc{watch(t, rec.PID)},
+			cgroup: filepath.Join(e.base, rec.ID)})
+	}
+	{
+		script := `echo $$; sleep 1000 & echo $!; echo data > file; sleep 1000`
+		rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sh", "-c", script}, TimeoutMS: 600000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Workspace == nil {
+			t.Fatalf("sh without cwd: workspace = nil, want one")
+		}
+		if want := filepath.Join(e.state, "work", rec.ID); *rec.Workspace != want {
+			t.Errorf("workspace = %s, want %s", *rec.Workspace, want)
+		}
+		pids := pidsFromOutput(t, c, rec.ID, 2)
+		r := running{name: "sh with background child", id: rec.ID, cgroup: filepath.Join(e.base, rec.ID), workspace: *rec.Workspace}
+		for _, pid := range pids {
+			r.procs = append(r.procs, watch(t, pid))
+		}
+		waitFor(t, "file in the workspace", func() bool { return exists(filepath.Join(r.workspace, "file")) })
+		runs = append(runs, r)
+	}
+	for _, r := range runs {
+		in, err := cgroupPIDs(r.cgroup)
+		if err != nil {
+			t.Fatalf("%s: cgroup: %v", r.name, err)
+		}
+		for _, p := range r.procs {
+			if !containsInt(in, p.pid) {
+				t.Fatalf("%s: pid %d not in its cgroup %s (%v)", r.name, p.pid, r.cgroup, in)
+			}
+		}
+	}
+
+	d1.kill9()
+	// The trees outlive the daemon: what ends them must be the restart.
+	for _, r := range runs {
+		for _, p := range r.procs {
+			if !p.alive() {
+				t.Logf("%s: pid %d died with the daemon", r.name, p.pid)
+			}
+		}
+	}
+
+	d2 := e.start()
+	c = d2.client()
+	for _, r := range runs {
+		rec, err := c.Get(ctx(t), r.id)
+		if err != nil {
+			t.Errorf("%s: exec.get after restart: %v", r.name, err)
+			continue
+		}
+		if rec.State != api.StateCleaned || outcomeOf(rec) != string(api.OutcomeLost) {
+			t.Errorf("%s: after restart state %v outcome %s, want cleaned lost", r.name, rec.State, outcomeOf(rec))
+		}
+		if msg := strOr(rec.Error, ""); !strings.Contains(msg, "restart") {
+			t.Errorf("%s: error = %q, want it to name the restart", r.name, msg)
+		}
+		if rec.ExitCode != nil || rec.Signal != nil {
+			t.Errorf("%s: exit_code %v signal %v, want both null for a lost execution", r.name, rec.ExitCode, rec.Signal)
+		}
+		if rec.CleanedAt == nil || rec.ExitedAt == nil {
+			t.Errorf("%s: exited_at %v cleaned_at %v, want both set", r.name, rec.ExitedAt, rec.CleanedAt)
+		}
+		for _, p := range r.procs {
+			if p.alive() {
+				t.Errorf("%s: pid %d still runs after the restart", r.name, p.pid)
+			}
+		}
+		if exists(r.cgroup) {
+			t.Errorf("%s: cgroup %s still exists after the restart", r.name, r.cgroup)
+		}
+		if r.workspace != "" && exists(r.workspace) {
+			t.Errorf("%s: workspace %s still exists after the restart", r.name, r.workspace)
+		}
+	}
+
+	// Finished ones: records and output as before the kill.
+	got, err := c.Get(ctx(t), plain.ID)
+	if err != nil {
+		t.Fatalf("finished execution: exec.get after restart: %v", err)
+	}
+	if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeExited) || got.ExitCode == nil || *got.ExitCode != 3 {
+		t.Errorf("finished execution after restart: state %v outcome %s exit %v, want cleaned exited 3", got.State, outcomeOf(got), got.ExitCode)
+	}
+	if got.Stdout != plainRec.Stdout || got.Stderr != plainRec.Stderr {
+		t.Errorf("finished execution streams after restart = %+v %+v, want %+v %+v", got.Stdout, got.Stderr, plainRec.Stdout, plainRec.Stderr)
+	}
+	if out := joined(readAll(t, c, plain.ID, "stdout")); out != "hello\n" {
+		t.Errorf("finished execution stdout after restart = %q, want %q", out, "hello\n")
+	}
+	if out := joined(readAll(t, c, plain.ID, "stderr")); out != "oops\n" {
+		t.Errorf("finished execution stderr after restart = %q, want %q", out, "oops\n")
+	}
+
+	got, err = c.Get(ctx(t), trunc.ID)
+	if err != nil {
+		t.Fatalf("truncated execution: exec.get after restart: %v", err)
+	}
+	if got.Stdout != truncRec.Stdout || outcomeOf(got) != string(api.OutcomeExited) {
+		t.Errorf("truncated execution after restart: stdout %+v outcome %s, want %+v exited", got.Stdout, outcomeOf(got), truncRec.Stdout)
+	}
+	truncAfter := readAll(t, c, trunc.ID, "stdout")
+	if !reflect.DeepEqual(truncAfter, truncBefore) {
+		t.Errorf("truncated output after restart = %+v, before = %+v", truncAfter, truncBefore)
+	}
+	checkTruncatedReads(t, truncAfter, wantTrunc, limit)
+
+	list, err := c.List(ctx(t), api.ListParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, rec := range list.Executions {
+		ids[rec.ID] = true
+	}
+	for _, id := range []string{plain.ID, trunc.ID, runs[0].id, runs[1].id} {
+		if !ids[id] {
+			t.Errorf("exec.list after restart lacks %s", id)
+		}
+	}
+	info, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Store != "ok" || info.Running != 0 {
+		t.Errorf("daemon.info after restart: store %q running %d, want ok 0", info.Store, info.Running)
+	}
+}
+
+// checkTruncatedReads checks the exec.output answers of a truncated stream
+// whose full text is want and whose kept size is limit: the kept head from
+// offset 0, then one gap, then the kept tail to the end.
+func checkTruncatedReads(t *testing.T, reads []outputRead, want string, limit int64) {
+	t.Helper()
+	gaps := 0
+	var kept int64
+	var off int64
+	for _, r := range reads {
+		if r.Gap {
+			gaps++
+			if r.Offset <= off {
+				t.Errorf("gap read at offset %d, want past %d", r.Offset, off)
+			}
+		} else if r.Offset != off {
+			t.Errorf("read starts at %d, want %d (no gap reported)", r.Offset, off)
+		}
+		if r.Offset+int64(len(r.Data)) > int64(len(want)) || want[r.Offset:r.Offset+int64(len(r.Data))] != r.Data {
+			t.Errorf("data at offset %d = %q, want the stream's bytes there", r.Offset, r.Data)
+		}
+		if r.Total != int64(len(want)) {
+			t.Errorf("total_bytes = %d, want %d", r.Total, len(want))
+		}
+		kept += int64(len(r.Data))
+		off = r.Next
+	}
+	if gaps != 1 {
+		t.Errorf("reads reported %d gaps, want 1: %+v", gaps, reads)
+	}
+	if kept != limit {
+		t.Errorf("read %d kept bytes, want %d", kept, limit)
+	}
+	if last := reads[len(reads)-1]; !last.EOF || last.Next != int64(len(want)) {
+		t.Errorf("last read = %+v, want eof at %d", last, len(want))
+	}
+}
+
+// pidsFromOutput polls exec.output of a running execution until it has
+// printed n lines, each a pid.
+func pidsFromOutput(t *testing.T, c *ipc.Client, id string, n int) []int {
+	t.Helper()
+	var lines []string
+	waitFor(t, strconv.Itoa(n)+" pids on stdout", func() bool {
+		res, err := c.Output(ctx(t), api.OutputParams{ID: id})
+		if err != nil {
+			t.Fatalf("exec.output: %v", err)
+		}
+		lines = strings.Fields(string(res.Data))
+		return len(lines) >= n
+	})
+	var pids []int
+	for _, l := range lines[:n] {
+		pid, err := strconv.Atoi(l)
+		if err != nil {
+			t.Fatalf("pid line %q: %v", l, err)
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// waitFor polls cond every 20ms for up to 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func containsInt(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func TestIdempotentRetryAfterRestart(t *testing.T) {
+	e := newEnv(t, "")
+	marks := t.TempDir()
+	d1 := e.start()
+	c := d1.client()
+
+	type retry struct {
+		name, id, mark string
+		params         api.StartParams
+		outcome        api.Outcome
+	}
+	var retries []retry
+	for _, tc := range []struct {
+		name, script string
+		outcome      api.Outcome
+	}{
+		{"finished", `echo run >> "$MARK"`, api.OutcomeExited},
+		{"running at the kill", `echo run >> "$MARK"; sleep 1000`, api.OutcomeLost},
+	} {
+		mark := filepath.Join(marks, strings.ReplaceAll(tc.name, " ", "-"))
+		id := "dur-idem-" + strings.ReplaceAll(tc.name, " ", "-") + "-" + strconv.Itoa(os.Getpid()) + "-" + filepath.Base(e.base)
+		p := api.StartParams{ID: id, Argv: []string{"sh", "-c", tc.script}, Env: map[string]string{"MARK": mark},
+			Cwd: "/", TimeoutMS: 600000}
+		rec, err := c.Start(ctx(t), p)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if rec.ID != id {
+			t.Fatalf("%s: id = %q, want %q", tc.name, rec.ID, id)
+		}
+		if rec.PID > 0 {
+			watch(t, rec.PID)
+		}
+		retries = append(retries, retry{name: tc.name, id: id, mark: mark, params: p, outcome: tc.outcome})
+	}
+	waitCleaned(t, c, retries[0].id)
+	waitFor(t, "the running one's mark", func() bool { return exists(retries[1].mark) })
+
+	d1.kill9()
+	d2 := e.start()
+	c = d2.client()
+	before, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range retries {
+		stored, err := c.Get(ctx(t), r.id)
+		if err != nil {
+			t.Fatalf("%s: exec.get after restart: %v", r.name, err)
+		}
+		rec, err := c.Start(ctx(t), r.params)
+		if err != nil {
+			t.Errorf("%s: retried exec.start: %v", r.name, err)
+			continue
+		}
+		if !reflect.DeepEqual(rec, stored) {
+			t.Errorf("%s: retried exec.start = %+v, want the stored record %+v", r.name, rec, stored)
+		}
+		if rec.State != api.StateCleaned || outcomeOf(rec) != string(r.outcome) {
+			t.Errorf("%s: retried exec.start: state %v outcome %s, want cleaned %s", r.name, rec.State, outcomeOf(rec), r.outcome)
+		}
+		// Same key, another command: a conflict, not a silent success.
+		other := r.params
+		other.Argv = []string{"true"}
+		if _, err := c.Start(ctx(t), other); rpcCode(err) != api.CodeIdempotency {
+			t.Errorf("%s: same id, other argv: err = %v, want code %d", r.name, err, api.CodeIdempotency)
+		}
+	}
+	after, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Total != before.Total || after.Running != 0 {
+		t.Errorf("daemon.info after retries: total %d running %d, want total %d running 0", after.Total, after.Running, before.Total)
+	}
+	// Anything started by mistake would have written its mark by now.
+	time.Sleep(300 * time.Millisecond)
+	for _, r := range retries {
+		b, err := os.ReadFile(r.mark)
+		if err != nil {
+			t.Fatalf("%s: %v", r.name, err)
+		}
+		if string(b) != "run\n" {
+			t.Errorf("%s: mark file = %q, want the command run once (%q)", r.name, b, "run\n")
+		}
+	}
+}
+
+func TestGracefulStopLeavesDurableRecord(t *testing.T) {
+	e := newEnv(t, "")
+	d1 := e.start("--drain", "1s")
+	c := d1.client()
+	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 600000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := watch(t, rec.PID)
+	cgroup := filepath.Join(e.base, rec.ID)
+
+	began := time.Now()
+	if err := d1.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d1.waitErr != nil {
+		t.Errorf("corrald after SIGTERM: %v, want a clean exit", d1.waitErr)
+	}
+	took := time.Since(began)
+	if took < time.Second {
+		t.Errorf("corrald stopped after %v, before its 1s drain", took)
+	}
+	if p.alive() {
+		t.Errorf("pid %d still runs after corrald stopped", p.pid)
+	}
+	if exists(cgroup) {
+		t.Errorf("cgroup %s still exists after corrald stopped", cgroup)
+	}
+
+	d2 := e.start()
+	c = d2.client()
+	got, err := c.Get(ctx(t), rec.ID)
+	if err != nil {
+		t.Fatalf("exec.get after restart: %v", err)
+	}
+	if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeCancelled) {
+		t.Errorf("after a graceful stop and restart: state %v outcome %s error %q, want cleaned cancelled",
+			got.State, outcomeOf(got), strOr(got.Error, ""))
+	}
+	if got.CleanedAt == nil {
+		t.Error("cleaned_at not set")
+	}
+}
+
+func TestFullDiskRefusesNewWorkButKeepsSupervising(t *testing.T) {
+	mnt := mountTmpfs(t, "2m")
+	e := newEnv(t, filepath.Join(mnt, "state"))
+	d := e.start()
+	c := d.client()
+
+	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 3000, GraceMS: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := watch(t, long.PID)
+	filled := time.Now()
+	fill := filepath.Join(mnt, "fill")
+	fillUp(t, fill)
+
+	_, err = c.Start(ctx(t), api.StartParams{Argv: []string{"true"}, Cwd: "/"})
+	if rpcCode(err) != api.CodeInternal {
+		t.Fatalf("exec.start on a full disk: err = %v, want code %d", err, api.CodeInternal)
+	}
+	if !strings.Contains(err.Error(), "store") {
+		t.Errorf("exec.start on a full disk: message %q does not mention the store", err)
+	}
+
+	got, err := c.Wait(ctx(t), api.WaitParams{ID: long.ID})
+	if err != nil {
+		t.Fatalf("exec.wait of the running execution: %v", err)
+	}
+	if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeTimeout) {
+		t.Errorf("running execution on a full disk: state %v outcome %s, want cleaned timeout", got.State, outcomeOf(got))
+	}
+	if waited := time.Since(filled); waited > 15*time.Second {
+		t.Errorf("timeout of 3s took effect after %v", waited)
+	}
+	if p.alive() {
+		t.Errorf("pid %d still runs after its timeout", p.pid)
+	}
+	if exists(filepath.Join(e.base, long.ID)) {
+		t.Errorf("cgroup of the timed-out execution still exists")
+	}
+	info, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(info.Store, "degraded") {
+		t.Errorf("daemon.info store = %q on a full disk, want degraded...", info.Store)
+	}
+	if got, err := c.Get(ctx(t), long.ID); err != nil || outcomeOf(got) != string(api.OutcomeTimeout) {
+		t.Errorf("exec.get of the timed-out execution on a full disk = %s, %v", outcomeOf(got), err)
+	}
+
+	if err := os.Remove(fill); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sh", "-c", "echo back"}, Cwd: "/"})
+	if err != nil {
+		t.Fatalf("exec.start after freeing space: %v", err)
+	}
+	rec = waitCleaned(t, c, rec.ID)
+	if outcomeOf(rec) != string(api.OutcomeExited) || rec.ExitCode == nil || *rec.ExitCode != 0 {
+		t.Errorf("after freeing space: outcome %s exit %v, want exited 0", outcomeOf(rec), rec.ExitCode)
+	}
+	if out := joined(readAll(t, c, rec.ID, "stdout")); out != "back\n" {
+		t.Errorf("after freeing space: stdout %q, want %q", out, "back\n")
+	}
+	if info, err = c.Info(ctx(t)); err != nil || info.Store != "ok" {
+		t.Errorf("daemon.info store after freeing space = %q (%v), want ok", info.Store, err)
+	}
+}
+
+// fillUp writes zeros to path until the file system is full.
+func fillUp(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !strings.Contains(err.Error(), syscall.ENOSPC.Error()) {
+				t.Fatalf("fill %s: %v", path, err)
+			}
+			break
+		}
+	}
+	// Whatever is left is smaller than a page.
+	for _, n := range []int{4096, 512, 1} {
+		for {
+			if _, err := f.Write(buf[:n]); err != nil {
+				break
+			}
+		}
+	}
+}
+
+func TestRetentionExpiresCleanedRecords(t *testing.T) {
+	e := newEnv(t, "")
+	d := e.start("--retention", "2s")
+	c := d.client()
+	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sh", "-c", "echo kept"}, Cwd: "/",
+		Labels: map[string]string{"test": "retention"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCleaned(t, c, rec.ID)
+	if out := joined(readAll(t, c, rec.ID, "stdout")); out != "kept\n" {
+		t.Fatalf("stdout right after cleaned = %q, want %q", out, "kept\n")
+	}
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := c.Get(pctx, rec.ID)
+		cancel()
+		if rpcCode(err) == api.CodeNotFound {
+			break
+		}
+		if err != nil {
+			t.Fatalf("exec.get while waiting for expiry: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record %s still returned 30s after cleaned with --retention 2s", rec.ID)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	list, err := c.List(ctx(t), api.ListParams{Labels: map[string]string{"test": "retention"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range list.Executions {
+		if r.ID == rec.ID {
+			t.Errorf("exec.list still shows expired %s", rec.ID)
+		}
+	}
+	if _, err := c.Output(ctx(t), api.OutputParams{ID: rec.ID}); rpcCode(err) != api.CodeNotFound {
+		t.Errorf("exec.output of an expired record: err = %v, want code %d", err, api.CodeNotFound)
+	}
+}
