@@ -27,9 +27,27 @@ var (
 
 const pollEvery = 100 * time.Millisecond
 
+// phases splits one start+wait by the daemon's own timestamps in the final
+// record (same host clock as the client's).
+type phases struct {
+	toCreated, toStarted, toExited, toCleaned, toAnswer durations
+}
+
+func (p *phases) add(t0, answered time.Time, rec api.Record) {
+	if rec.StartedAt == nil || rec.ExitedAt == nil || rec.CleanedAt == nil {
+		return
+	}
+	p.toCreated = append(p.toCreated, rec.CreatedAt.Sub(t0))
+	p.toStarted = append(p.toStarted, rec.StartedAt.Sub(rec.CreatedAt))
+	p.toExited = append(p.toExited, rec.ExitedAt.Sub(*rec.StartedAt))
+	p.toCleaned = append(p.toCleaned, rec.CleanedAt.Sub(*rec.ExitedAt))
+	p.toAnswer = append(p.toAnswer, answered.Sub(*rec.CleanedAt))
+}
+
 // runWait is one /bin/true through corrald: exec.start, then exec.wait until
-// cleaned. It returns the time from before the start to the answer.
-func runWait(t *testing.T, ctx context.Context, c *ipc.Client) time.Duration {
+// cleaned. It returns the time from before the start to the answer; with ph
+// set it also adds the phases of the execution to ph.
+func runWait(t *testing.T, ctx context.Context, c *ipc.Client, ph *phases) time.Duration {
 	t.Helper()
 	t0 := time.Now()
 	rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
@@ -37,12 +55,15 @@ func runWait(t *testing.T, ctx context.Context, c *ipc.Client) time.Duration {
 		t.Fatalf("exec.start: %v", err)
 	}
 	rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
-	el := time.Since(t0)
+	answered := time.Now()
 	if err != nil {
 		t.Fatalf("exec.wait: %v", err)
 	}
 	checkTrue(t, rec)
-	return el
+	if ph != nil {
+		ph.add(t0, answered, rec)
+	}
+	return answered.Sub(t0)
 }
 
 // runFollow is one /bin/true through corrald: exec.start, then exec.follow.
@@ -118,6 +139,7 @@ func (s *suite) benchExecLatency(t *testing.T) {
 		bare                        durations
 		cgWait, cgExited, cgCleaned durations
 		pgWait, pgExited, pgCleaned durations
+		cgPh, pgPh                  phases
 	)
 	for i := 0; i < latencyWU+latencyN; i++ {
 		rec := i >= latencyWU
@@ -128,8 +150,20 @@ func (s *suite) benchExecLatency(t *testing.T) {
 		}
 		rotate(i,
 			func() { add(&bare, runBare(t)) },
-			func() { add(&cgWait, runWait(t, ctx, ccg)) },
-			func() { add(&pgWait, runWait(t, ctx, cpg)) },
+			func() {
+				ph := &cgPh
+				if !rec {
+					ph = nil
+				}
+				add(&cgWait, runWait(t, ctx, ccg, ph))
+			},
+			func() {
+				ph := &pgPh
+				if !rec {
+					ph = nil
+				}
+				add(&pgWait, runWait(t, ctx, cpg, ph))
+			},
 			func() {
 				e, c := runFollow(t, ctx, ccg)
 				add(&cgExited, e)
@@ -155,6 +189,25 @@ func (s *suite) benchExecLatency(t *testing.T) {
 			{"pgroup until exited", "corrald pgroup", base, pgExited, bare},
 			{"pgroup until cleaned", "corrald pgroup", base, pgCleaned, bare},
 		})
+	fmt.Fprintf(&s.out, "\nWhere the start+wait time goes, by the timestamps in each final record (daemon and client share the host clock):\n\n")
+	fmt.Fprintf(&s.out, "| backend | phase | p50 ms | p99 ms |\n|---|---|---|---|\n")
+	for _, b := range []struct {
+		name string
+		ph   *phases
+	}{{"cgroup", &cgPh}, {"pgroup", &pgPh}} {
+		for _, r := range []struct {
+			name string
+			d    durations
+		}{
+			{"client sends exec.start → created_at", b.ph.toCreated},
+			{"created_at → started_at (scope, fork, exec)", b.ph.toStarted},
+			{"started_at → exited_at (child runs, exit seen)", b.ph.toExited},
+			{"exited_at → cleaned_at (tree gone, scope and workspace removed)", b.ph.toCleaned},
+			{"cleaned_at → client has the exec.wait answer", b.ph.toAnswer},
+		} {
+			fmt.Fprintf(&s.out, "| %s | %s | %s | %s |\n", b.name, r.name, ms(r.d.pct(.5)), ms(r.d.pct(.99)))
+		}
+	}
 }
 
 // waitBlockedInRead waits until pid is sh sleeping (in read), so that the
@@ -176,8 +229,9 @@ func waitBlockedInRead(pid int) {
 // notifyDaemon is one (b) sample through corrald: sh -c 'read x' with stdin
 // open, followed; T0 is just before exec.write close; the result is T0 to
 // the exec.state notification that says exited, and T0 to the answer of
-// exec.write.
-func notifyDaemon(t *testing.T, ctx context.Context, c *ipc.Client) (exit, write time.Duration) {
+// exec.write, and T0 to the exited_at stamp of the final record (when the
+// daemon's loop saw the exit).
+func notifyDaemon(t *testing.T, ctx context.Context, c *ipc.Client) (exit, write, stamp time.Duration) {
 	t.Helper()
 	rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/sh", "-c", "read x"}, StdinOpen: true, TimeoutMS: 60000})
 	if err != nil {
@@ -187,8 +241,10 @@ func notifyDaemon(t *testing.T, ctx context.Context, c *ipc.Client) (exit, write
 	exited := make(chan time.Time, 1)
 	var once sync.Once
 	followed := make(chan error, 1)
+	var final api.Record
 	go func() {
-		_, err := c.Follow(ctx, api.FollowParams{ID: rec.ID}, func(method string, params json.RawMessage) {
+		var err error
+		final, err = c.Follow(ctx, api.FollowParams{ID: rec.ID}, func(method string, params json.RawMessage) {
 			if method != api.NotifyState {
 				return
 			}
@@ -224,7 +280,10 @@ func notifyDaemon(t *testing.T, ctx context.Context, c *ipc.Client) (exit, write
 	if err := <-followed; err != nil {
 		t.Fatalf("exec.follow: %v", err)
 	}
-	return at.Sub(t0), write
+	if final.ExitedAt == nil {
+		t.Fatalf("final record of %s has no exited_at", rec.ID)
+	}
+	return at.Sub(t0), write, final.ExitedAt.Sub(t0)
 }
 
 // notifyLocal is one (b) sample of a baseline in this process: the same sh
@@ -299,7 +358,7 @@ func (s *suite) benchExitNotify(t *testing.T) {
 	np := s.startDaemon(t, "no-pidfd", "cgroup", "--no-pidfd")
 	cpf, cnp := pf.client(t), np.client(t)
 	ctx := ctxT(t, 5*time.Minute)
-	var pidfd, nopidfd, polled, waited, pfWrite, npWrite durations
+	var pidfd, nopidfd, polled, waited, pfWrite, npWrite, pfStamp, npStamp durations
 	for i := 0; i < 5+notifyN; i++ {
 		rec := i >= 5
 		add := func(d *durations, v time.Duration) {
@@ -309,14 +368,16 @@ func (s *suite) benchExitNotify(t *testing.T) {
 		}
 		rotate(i,
 			func() {
-				e, w := notifyDaemon(t, ctx, cpf)
+				e, w, st := notifyDaemon(t, ctx, cpf)
 				add(&pidfd, e)
 				add(&pfWrite, w)
+				add(&pfStamp, st)
 			},
 			func() {
-				e, w := notifyDaemon(t, ctx, cnp)
+				e, w, st := notifyDaemon(t, ctx, cnp)
 				add(&nopidfd, e)
 				add(&npWrite, w)
+				add(&npStamp, st)
 			},
 			func() { add(&polled, notifyLocal(t, true)) },
 			func() { add(&waited, notifyLocal(t, false)) },
@@ -328,11 +389,14 @@ func (s *suite) benchExitNotify(t *testing.T) {
 			"end: the exec.state notification with state exited (corrald) or the moment the baseline learns of the exit. %d samples per side, four sides interleaved; both daemons use the cgroup backend.", notifyN),
 		[]latencyRow{
 			{"pidfd loop vs polling", "corrald (pidfd)", poll, pidfd, polled},
+			{"pidfd loop, T0 → exited_at stamp", "corrald (pidfd)", poll, pfStamp, polled},
 			{"(b2) waiter goroutine vs polling", "corrald --no-pidfd", poll, nopidfd, polled},
+			{"(b2) waiter, T0 → exited_at stamp", "corrald --no-pidfd", poll, npStamp, polled},
 			{"pidfd loop vs blocking wait", "corrald (pidfd)", "goroutine in wait4", pidfd, waited},
 			{"(b2) waiter goroutine vs blocking wait", "corrald --no-pidfd", "goroutine in wait4", nopidfd, waited},
 		})
 	fmt.Fprintf(&s.out, "\nPart of corrald's figures is the exec.write close call itself: T0 to its answer was p50 %s ms, p99 %s ms (pidfd daemon), p50 %s ms, p99 %s ms (--no-pidfd daemon). "+
+		"\"T0 → exited_at stamp\" ends at the daemon's own exited_at time (when its loop handled the exit), before the transition is committed to the store and sent. "+
 		"The polling baseline's T0 is at a random phase of its 100 ms period.\n",
 		ms(pfWrite.pct(.5)), ms(pfWrite.pct(.99)), ms(npWrite.pct(.5)), ms(npWrite.pct(.99)))
 }
