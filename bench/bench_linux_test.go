@@ -69,7 +69,7 @@ func TestBenchSuite(t *testing.T) {
 	t.Run("scale", s.benchScale)
 	t.Run("systemd", s.benchSystemd)
 
-	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s.\n", time.Since(start).Round(time.Second))
+	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s. Load average at the end: %s.\n", time.Since(start).Round(time.Second), loadAvg())
 	t.Logf("results:\n%s", s.out.String())
 	if path := os.Getenv("CORRAL_BENCH_OUT"); path != "" {
 		if err := os.WriteFile(path, []byte(s.out.String()), 0o644); err != nil {
@@ -105,7 +105,7 @@ func (s *suite) header() {
 		goVer = strings.TrimSpace(string(out))
 	}
 	fmt.Fprintf(&s.out, "Machine: %d CPUs (nproc), kernel %s, %s, %s.\n", runtime.NumCPU(), kernel, goVer, cpuModel())
-	fmt.Fprintf(&s.out, "Date: %s.\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(&s.out, "Date: %s. Load average at the start: %s.\n", time.Now().UTC().Format(time.RFC3339), loadAvg())
 	if out, err := exec.Command("git", "describe", "--always", "--dirty").Output(); err == nil {
 		fmt.Fprintf(&s.out, "Source: %s (git describe --always --dirty of the tree the daemon was built from).\n", strings.TrimSpace(string(out)))
 	}
@@ -133,6 +133,21 @@ func cpuModel() string {
 		}
 	}
 	return "cpu unknown"
+}
+
+// loadAvg is the 1, 5 and 15 minute load averages: other work on the host
+// shows up in every figure, and interleaving only evens it out between the
+// sides of a comparison.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func goTool() string {
