@@ -420,8 +420,7 @@ func cgWalk(dir string, fn func(dir string) error) error {
 // scope has nothing to kill. On a kernel without cgroup.kill (before 5.14)
 // it falls back to freeze-and-signal.
 func (s *cgroupScope) Kill() error {
-	err := cgWrite(s.dir, "cgroup.freeze", "0")
-	return err
+	err := cgWrite(s.dir, "cgroup.kill", "1")
 	if err == nil {
 		return nil
 	}
