@@ -191,12 +191,12 @@ func TestKillNineThenRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := map[string]bool{}
+	listed := map[string]bool{}
 	for _, rec := range list.Executions {
-		ids[rec.ID] = true
+		listed[rec.ID] = true
 	}
 	for _, id := range []string{plain.ID, trunc.ID, runs[0].id, runs[1].id} {
-		if !ids[id] {
+		if !listed[id] {
 			t.Errorf("exec.list after restart lacks %s", id)
 		}
 	}
@@ -206,6 +206,27 @@ func TestKillNineThenRestart(t *testing.T) {
 	}
 	if info.Store != "ok" || info.Running != 0 {
 		t.Errorf("daemon.info after restart: store %q running %d, want ok 0", info.Store, info.Running)
+	}
+
+	// Settled records stay as they are across later restarts.
+	ids := []string{plain.ID, trunc.ID, runs[0].id, runs[1].id}
+	seen := map[string]api.Record{}
+	for _, id := range ids {
+		if seen[id], err = c.Get(ctx(t), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d2.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c = e.start().client()
+	for _, id := range ids {
+		got, err := c.Get(ctx(t), id)
+		if err != nil {
+			t.Errorf("exec.get %s after a second restart: %v", id, err)
+		} else if !reflect.DeepEqual(got, seen[id]) {
+			t.Errorf("exec.get %s after a second restart = %+v, want unchanged %+v", id, got, seen[id])
+		}
 	}
 }
 
@@ -383,43 +404,81 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 	e := newEnv(t, "")
 	d1 := e.start("--drain", "1s")
 	c := d1.client()
-	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 600000})
-	if err != nil {
-		t.Fatal(err)
+	type run struct {
+		name   string
+		id     string
+		p      proc
+		cgroup string
 	}
-	p := watch(t, rec.PID)
-	cgroup := filepath.Join(e.base, rec.ID)
+	var runs []run
+	for _, tc := range []struct {
+		name string
+		argv []string
+	}{
+		{"sleep", []string{"sleep", "1000"}},
+		// Ignores SIGTERM: the stop must escalate to SIGKILL after grace_ms.
+		{"ignores SIGTERM", []string{"sh", "-c", `trap "" TERM; sleep 1000`}},
+	} {
+		rec, err := c.Start(ctx(t), api.StartParams{Argv: tc.argv, Cwd: "/", TimeoutMS: 600000, GraceMS: 500})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		runs = append(runs, run{name: tc.name, id: rec.ID, p: watch(t, rec.PID), cgroup: filepath.Join(e.base, rec.ID)})
+	}
 
 	began := time.Now()
+	if err := d1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// While it drains, new work is refused with -32005.
+	refused := false
+	for !refused && !d1.exited() && time.Since(began) < 900*time.Millisecond {
+		rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"true"}, Cwd: "/"})
+		switch {
+		case rpcCode(err) == api.CodeShuttingDown:
+			refused = true
+		case err != nil:
+			t.Fatalf("exec.start while draining: %v, want code %d", err, api.CodeShuttingDown)
+		default:
+			waitCleaned(t, c, rec.ID) // raced the signal; try again
+		}
+	}
+	if !refused {
+		t.Errorf("exec.start was not refused with %d during the 1s drain", api.CodeShuttingDown)
+	}
 	if err := d1.stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if d1.waitErr != nil {
 		t.Errorf("corrald after SIGTERM: %v, want a clean exit", d1.waitErr)
 	}
-	took := time.Since(began)
-	if took < time.Second {
+	if took := time.Since(began); took < time.Second {
 		t.Errorf("corrald stopped after %v, before its 1s drain", took)
 	}
-	if p.alive() {
-		t.Errorf("pid %d still runs after corrald stopped", p.pid)
-	}
-	if exists(cgroup) {
-		t.Errorf("cgroup %s still exists after corrald stopped", cgroup)
+	for _, r := range runs {
+		if r.p.alive() {
+			t.Errorf("%s: pid %d still runs after corrald stopped", r.name, r.p.pid)
+		}
+		if exists(r.cgroup) {
+			t.Errorf("%s: cgroup %s still exists after corrald stopped", r.name, r.cgroup)
+		}
 	}
 
 	d2 := e.start()
 	c = d2.client()
-	got, err := c.Get(ctx(t), rec.ID)
-	if err != nil {
-		t.Fatalf("exec.get after restart: %v", err)
-	}
-	if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeCancelled) {
-		t.Errorf("after a graceful stop and restart: state %v outcome %s error %q, want cleaned cancelled",
-			got.State, outcomeOf(got), strOr(got.Error, ""))
-	}
-	if got.CleanedAt == nil {
-		t.Error("cleaned_at not set")
+	for _, r := range runs {
+		got, err := c.Get(ctx(t), r.id)
+		if err != nil {
+			t.Errorf("%s: exec.get after restart: %v", r.name, err)
+			continue
+		}
+		if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeCancelled) {
+			t.Errorf("%s: after a graceful stop and restart: state %v outcome %s error %q, want cleaned cancelled",
+				r.name, got.State, outcomeOf(got), strOr(got.Error, ""))
+		}
+		if got.CleanedAt == nil {
+			t.Errorf("%s: cleaned_at not set", r.name)
+		}
 	}
 }
 
@@ -516,6 +575,50 @@ func fillUp(t *testing.T, path string) {
 				break
 			}
 		}
+	}
+}
+
+// TestFullDiskOutcomeSurvivesRestart: an execution that ended while the
+// store could not write was reported to clients with its outcome; once
+// space is back and the daemon stops gracefully, that outcome must be what a
+// restarted daemon reports, not lost (an outcome never changes).
+func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
+	mnt := mountTmpfs(t, "2m")
+	e := newEnv(t, filepath.Join(mnt, "state"))
+	d1 := e.start()
+	c := d1.client()
+	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 2000, GraceMS: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch(t, long.PID)
+	fill := filepath.Join(mnt, "fill")
+	fillUp(t, fill)
+	ended, err := c.Wait(ctx(t), api.WaitParams{ID: long.ID})
+	if err != nil || outcomeOf(ended) != string(api.OutcomeTimeout) {
+		t.Fatalf("exec.wait on a full disk = %s, %v; want timeout", outcomeOf(ended), err)
+	}
+	if err := os.Remove(fill); err != nil {
+		t.Fatal(err)
+	}
+	// A successful write: the store is healthy again.
+	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"true"}, Cwd: "/"})
+	if err != nil {
+		t.Fatalf("exec.start after freeing space: %v", err)
+	}
+	waitCleaned(t, c, rec.ID)
+	if err := d1.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	c = e.start().client()
+	got, err := c.Get(ctx(t), long.ID)
+	if err != nil {
+		t.Fatalf("exec.get after restart: %v", err)
+	}
+	if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeTimeout) {
+		t.Errorf("after restart: state %v outcome %s error %q; clients were told outcome timeout before the restart",
+			got.State, outcomeOf(got), strOr(got.Error, ""))
 	}
 }
 
