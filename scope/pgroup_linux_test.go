@@ -50,7 +50,13 @@ func bkStart(t *testing.T, b Backend, id string, lim Limits, argv ...string) *bk
 		if err := sc.Kill(); err != nil {
 			t.Errorf("cleanup Kill: %v", err)
 		}
+		// If Kill is broken, still end the child rather than hang the suite.
+		stop := time.AfterFunc(5*time.Second, func() {
+			t.Errorf("child %d outlived Kill by 5s; killing it directly", cmd.Process.Pid)
+			_ = cmd.Process.Kill()
+		})
 		c.wait(t)
+		stop.Stop()
 		bkWaitEmpty(t, sc)
 		if err := sc.Remove(); err != nil {
 			t.Errorf("cleanup Remove: %v", err)
