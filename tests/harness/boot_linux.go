@@ -56,6 +56,12 @@ func initScript(lay *cgroupLayout, systemd string) string {
 	var b strings.Builder
 	b.WriteString(`set -eu
 h=$1
+# Wait until Boot has moved unshare out of our cgroups (at most 20 s).
+i=0
+while [ ! -e "$h/go" ]; do
+	i=$((i+1)); [ $i -le 4000 ] || { echo "harness: no go-ahead from Boot" >&2; exit 1; }
+	sleep 0.005
+done
 mount -t proc -o nosuid,nodev,noexec proc /proc
 mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
 mkdir -p ` + InsideRoot + ` ` + InsideHostTmp + ` ` + InsideHostVarTmp + `
@@ -194,6 +200,18 @@ func Boot(opts Options) (*Systemd, error) {
 		if err := s.pause(deadline); err != nil {
 			return fail(fmt.Errorf("wait for namespace init: %w", err))
 		}
+	}
+	// unshare goes back to our own cgroups, so that the namespace's root
+	// cgroup holds no process but its init: on cgroup v2, systemd can only
+	// enable controllers for its children in a root without processes. Only
+	// then may init.sh exec systemd.
+	for _, h := range lay.hierarchies {
+		if err := os.WriteFile(filepath.Join(h.parent, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+			return fail(fmt.Errorf("move unshare out of %s: %w", h.child, err))
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		return fail(err)
 	}
 	// The private bus socket appears once the manager is up.
 	private := fmt.Sprintf("/proc/%d/root/run/systemd/private", s.initPID)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ type hierarchy struct {
 	mountpoint string // host path, e.g. /sys/fs/cgroup/memory or /sys/fs/cgroup
 	v2         bool
 	opts       string // v1 only: controllers and name= for mount -o
+	parent     string // host path of our own cgroup in this hierarchy
 	child      string // host path of the harness's child cgroup
 }
 
@@ -185,7 +187,8 @@ func discoverCgroups() (*cgroupLayout, error) {
 		if strings.HasPrefix(rel, "/..") {
 			return nil, fmt.Errorf("own cgroup %s is outside our cgroup namespace", path)
 		}
-		h.child = filepath.Join(m.mountpoint, rel) // the parent for now
+		h.parent = filepath.Join(m.mountpoint, rel)
+		h.child = h.parent // until create
 		lay.hierarchies = append(lay.hierarchies, h)
 	}
 	if len(lay.hierarchies) == 0 {
@@ -210,7 +213,8 @@ func discoverCgroups() (*cgroupLayout, error) {
 // On error it removes what it created.
 func (lay *cgroupLayout) create(name string) error {
 	for i, h := range lay.hierarchies {
-		parent := h.child
+		parent := h.parent
+		removeStale(parent)
 		child := filepath.Join(parent, name)
 		if err := os.Mkdir(child, 0o755); err != nil {
 			lay.remove(i, time.Second)
@@ -237,6 +241,31 @@ func (lay *cgroupLayout) create(name string) error {
 		}
 	}
 	return nil
+}
+
+// removeStale removes harness cgroups under parent left by test processes
+// that died without Close (corral-harness-<pid>-<n> whose pid is gone).
+// Errors are ignored: a busy one is retried at the next Boot.
+func removeStale(parent string) {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), "corral-harness-")
+		if !ok || !e.IsDir() {
+			continue
+		}
+		pidStr, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + pidStr); err == nil {
+			continue // its owner still runs
+		}
+		_ = removeTree(filepath.Join(parent, e.Name()))
+	}
 }
 
 // procsFiles are the cgroup.procs files of the child cgroups.
