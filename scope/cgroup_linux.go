@@ -281,15 +281,17 @@ func cgWaitEmpty(ctx context.Context, s Scope) error {
 }
 
 // cgroupScope is one execution's cgroup. Its methods may be called from any
-// goroutine; only fd needs the mutex, the rest is kernel state.
+// goroutine; mu guards fd and the last Stats, the rest is kernel state.
 type cgroupScope struct {
 	dir        string // absolute path
 	name       string // cgroup path relative to the cgroup2 root
 	unenforced Limits
 	log        zerolog.Logger
 
-	mu sync.Mutex
-	fd int // directory fd for CLONE_INTO_CGROUP, -1 once closed
+	mu       sync.Mutex
+	fd       int   // directory fd for CLONE_INTO_CGROUP, -1 once closed
+	last     Stats // last successful Stats, returned once the cgroup is gone
+	haveLast bool
 }
 
 var (
@@ -454,7 +456,9 @@ func (s *cgroupScope) Empty() (bool, error) {
 // Stats reads cpu.stat (always present), memory.peak and memory.events (with
 // the memory controller), pids.peak and pids.current (with the pids
 // controller); without pids it counts cgroup.threads, in the scope and any
-// child cgroups. What it cannot read is Unknown.
+// child cgroups. What it cannot read is Unknown. Once the scope is removed it
+// returns the last reading it made, so read Stats before Remove for the final
+// usage.
 func (s *cgroupScope) Stats() (Stats, error) {
 	st := Stats{
 		CPUUsageNS:  Unknown,
@@ -467,6 +471,14 @@ func (s *cgroupScope) Stats() (Stats, error) {
 	}
 	data, err := cgRead(s.dir, "cpu.stat")
 	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			// Removed: the last reading is the final one.
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.haveLast {
+				return s.last, nil
+			}
+		}
 		return st, fmt.Errorf("stats of cgroup %s: %w", s.dir, err)
 	}
 	for key, dst := range map[string]*int64{
@@ -507,6 +519,9 @@ func (s *cgroupScope) Stats() (Stats, error) {
 	} else {
 		st.TasksPeak = st.Tasks
 	}
+	s.mu.Lock()
+	s.last, s.haveLast = st, true
+	s.mu.Unlock()
 	return st, nil
 }
 

@@ -195,6 +195,16 @@ func TestCgroupStats(t *testing.T) {
 	}
 	c.wait(t)
 	bkWaitEmpty(t, c.scope)
+	final, err := c.scope.Stats()
+	if err != nil || final.Tasks != 0 || final.CPUUsageNS < last.CPUUsageNS {
+		t.Errorf("Stats of the emptied scope = %+v, %v, want 0 tasks and CPU >= %d", final, err, last.CPUUsageNS)
+	}
+	if err := c.scope.Remove(); err != nil {
+		t.Fatalf("Remove = %v", err)
+	}
+	if got, err := c.scope.Stats(); err != nil || got != final {
+		t.Errorf("Stats after Remove = %+v, %v, want the last reading %+v", got, err, final)
+	}
 }
 
 func TestCgroupLimits(t *testing.T) {
