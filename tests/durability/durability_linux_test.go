@@ -12,6 +12,7 @@ package durability
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -663,5 +664,52 @@ func TestRetentionExpiresCleanedRecords(t *testing.T) {
 	}
 	if _, err := c.Output(ctx(t), api.OutputParams{ID: rec.ID}); rpcCode(err) != api.CodeNotFound {
 		t.Errorf("exec.output of an expired record: err = %v, want code %d", err, api.CodeNotFound)
+	}
+}
+
+// TestSecondDaemonLeavesRunningExecutionsAlone: a second corrald started by
+// mistake with the same flags (state dir, socket, cgroup base) must refuse
+// to run without touching what the live daemon supervises.
+func TestSecondDaemonLeavesRunningExecutionsAlone(t *testing.T) {
+	e := newEnv(t, "")
+	d := e.start()
+	c := d.client()
+	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 600000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := watch(t, rec.PID)
+
+	second := exec.Command(filepath.Join(binDir, "corrald"), "--socket", e.socket, "--state-dir", e.state,
+		"--scope", "cgroup", "--cgroup-base", e.base, "--config", "/dev/null", "--socket-group", "")
+	var out strings.Builder
+	second.Stdout, second.Stderr = &out, &out
+	if err := second.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- second.Wait() }()
+	select {
+	case err := <-exited:
+		if err == nil {
+			t.Errorf("second corrald on the same state dir exited 0, want a refusal")
+		}
+	case <-time.After(20 * time.Second):
+		_ = second.Process.Kill()
+		<-exited
+		t.Fatalf("second corrald on the same state dir still runs after 20s:\n%s", out.String())
+	}
+	if !p.alive() {
+		t.Errorf("the live daemon's execution (pid %d) was killed by the refused second corrald:\n%s", p.pid, tail(out.String(), 3000))
+	}
+	got, err := c.Get(ctx(t), rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != api.StateRunning {
+		t.Errorf("after a refused second corrald: state %v outcome %s, want still running", got.State, outcomeOf(got))
+	}
+	if _, err := c.Info(ctx(t)); err != nil {
+		t.Errorf("the live daemon after a second corrald: daemon.info: %v", err)
 	}
 }
