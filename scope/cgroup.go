@@ -6,7 +6,8 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// CgroupOptions configure the cgroup v2 backend (NewCgroup).
+// CgroupOptions configure the cgroup v2 backend. NewCgroup reads them once;
+// the caller keeps ownership.
 type CgroupOptions struct {
 	// Base is the cgroup directory, an absolute path on a cgroup2 mount,
 	// under which the backend makes one child cgroup per execution. It is
