@@ -340,6 +340,9 @@ func removeTree(dir string) error {
 func (lay *cgroupLayout) mountScript() string {
 	var b strings.Builder
 	if lay.rootIsV2 {
+		// The same filesystem cannot be mounted right on top of itself
+		// (EBUSY); drop the host's mount first (private mount namespace).
+		fmt.Fprintf(&b, "umount -l %s\n", cgroupRoot)
 		fmt.Fprintf(&b, "mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 %s\n", cgroupRoot)
 		return b.String()
 	}

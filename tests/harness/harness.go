@@ -67,6 +67,16 @@
 //     second per log line (a 30 s boot).
 //   - journald imports /dev/kmsg (the host's kernel log) unless it is
 //     /dev/null, as under systemd-nspawn; we bind /dev/null over it.
+//   - On pure v2, cgroup2 cannot be mounted right on top of the host's
+//     cgroup2 mount (same superblock at the same place: EBUSY); the init
+//     script lazily unmounts it first. Tested by running the harness tests
+//     in a mount namespace whose /sys/fs/cgroup is only the unified
+//     hierarchy.
+//   - The namespace's root cgroup must end up holding no process but
+//     systemd (which moves itself to init.scope): on v2 a cgroup with
+//     processes cannot enable controllers for its children. unshare, which
+//     had to be in the child cgroup to make it the namespace root, is moved
+//     back to our own cgroup before init.sh is allowed to exec systemd.
 //   - Closing: SIGKILL systemd and let unshare reap it. cgroup.kill on the
 //     child cgroup first would also kill unshare, leaving a zombie systemd
 //     for the host's PID 1.
