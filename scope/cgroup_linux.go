@@ -87,8 +87,12 @@ func NewCgroup(opts CgroupOptions) (Backend, error) {
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return nil, fmt.Errorf("cgroup backend: %w: create base: %w", ErrUnsupported, err)
 	}
-	if err := unix.Access(filepath.Join(base, "cgroup.procs"), unix.W_OK); err != nil {
-		return nil, fmt.Errorf("cgroup backend: %w: base %s not writable: %w", ErrUnsupported, base, err)
+	// Scopes are made with mkdir in base; entering one at clone needs write
+	// access to the scope's cgroup.procs, which base's own stands for.
+	for _, p := range []string{base, filepath.Join(base, "cgroup.procs")} {
+		if err := unix.Access(p, unix.W_OK); err != nil {
+			return nil, fmt.Errorf("cgroup backend: %w: %s not writable: %w", ErrUnsupported, p, err)
+		}
 	}
 
 	b := &cgroupBackend{
