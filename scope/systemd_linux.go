@@ -336,6 +336,10 @@ type systemdScope struct {
 	killed bool // Kill was called: Started must not release the child
 	paths  sdPaths
 	last   Stats // the last Stats, merged; kept for when the cgroup is pruned
+	// oomSeen: the v1 OOM eventfd proved an OOM kill the counters may no
+	// longer show.
+	oomSeen bool
+	watch   *sdWatch // set by Started, stopped by Remove or a failed Started
 }
 
 var (
@@ -349,11 +353,19 @@ func unknownStats() Stats {
 
 func (s *systemdScope) Name() string { return s.unit }
 
-// Unenforced: systemd enforces MemoryMax and TasksMax itself; CPUMS is
-// enforced by the reactor and needs CPU time in Stats, which every layout
-// provides (cgroup2 cpu.stat or v1 cpuacct).
+// sdMinTasks is the lowest TasksMax the backend sets: room for the held
+// shim's runtime threads (measured: 4 to 5), which count until it execs.
+const sdMinTasks = 8
+
+// Unenforced: systemd enforces MemoryMax and TasksMax itself (TasksMax not
+// below sdMinTasks, so a smaller one is reported); CPUMS is enforced by the
+// reactor and needs CPU time in Stats, which every layout provides (cgroup2
+// cpu.stat or v1 cpuacct).
 func (s *systemdScope) Unenforced() Limits {
 	var l Limits
+	if s.limits.TasksMax > 0 && s.limits.TasksMax < sdMinTasks {
+		l.TasksMax = s.limits.TasksMax
+	}
 	if s.limits.CPUMS > 0 && s.paths.Unified == "" && s.paths.CPUAcct == "" {
 		l.CPUMS = s.limits.CPUMS
 	}
@@ -390,8 +402,11 @@ func (s *systemdScope) properties(pid int) []sddbus.Property {
 		{Name: "TimeoutStopUSec", Value: dbus.MakeVariant(uint64(10 * time.Second / time.Microsecond))},
 	}
 	if s.limits.TasksMax > 0 {
-		// Processes plus threads of the whole tree: stops fork bombs.
-		props = append(props, sddbus.Property{Name: "TasksMax", Value: dbus.MakeVariant(uint64(s.limits.TasksMax))})
+		// Processes plus threads of the whole tree: stops fork bombs. Never
+		// below sdMinTasks: the held shim is a Go program whose runtime
+		// threads are moved into the scope with it (and may still be
+		// starting), and a runtime that cannot start a thread aborts.
+		props = append(props, sddbus.Property{Name: "TasksMax", Value: dbus.MakeVariant(uint64(max(s.limits.TasksMax, sdMinTasks)))})
 	}
 	if s.limits.MemoryBytes > 0 {
 		// Hard memory cap of the tree (applied as memory.limit_in_bytes on
@@ -431,7 +446,10 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 		s.h.Abort()
 		s.mu.Lock()
 		s.state = sdFailed
+		w := s.watch
+		s.watch = nil
 		s.mu.Unlock()
+		w.stop() // not under mu: its goroutines take it
 		return fmt.Errorf("start scope %s: %w", s.unit, err)
 	}
 	ctx, cancel := s.b.bound(ctx)
@@ -467,6 +485,13 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 		s.b.opts.Log.Warn().Err(err).Str("unit", s.unit).Msg("cannot read the scope's ControlGroup; using the default path")
 	}
 	killed := s.killed
+	paths := s.paths
+	s.mu.Unlock()
+	// Watch before the release: from then on the tree may die at any time,
+	// and systemd removes its cgroup right after.
+	w := s.startWatch(paths)
+	s.mu.Lock()
+	s.watch = w
 	s.mu.Unlock()
 	if killed {
 		s.stopBestEffort()
@@ -601,11 +626,7 @@ func (s *systemdScope) Stats() (Stats, error) {
 }
 
 func (s *systemdScope) statsLocked() Stats {
-	if s.state == sdRunning {
-		now := s.paths.stats()
-		gone := !sdExists(s.paths.procsDir())
-		s.last = sdMerge(s.last, now, gone)
-	}
+	s.readStatsLocked()
 	return s.last
 }
 
@@ -638,10 +659,13 @@ func (s *systemdScope) Remove() error {
 		return fmt.Errorf("remove scope %s: %w", s.unit, err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.statsLocked() // final reading: from the cache, the cgroup is gone now
 	s.state = sdRemoved
 	s.closeShimLocked()
+	w := s.watch
+	s.watch = nil
+	s.mu.Unlock()
+	w.stop()
 	return nil
 }
 

@@ -58,8 +58,8 @@ var ErrAborted = errors.New("shim: aborted before release")
 // Wrap rewrites cmd so that starting it starts the shim, which runs
 // cfg.Argv with cfg.Env, and returns the Handle of the pipes shared with it.
 //
-// Wrap sets cmd.Path (to the running binary), cmd.Args, cmd.Env (empty: the
-// shim needs none, and the daemon's environment must not reach the child),
+// Wrap sets cmd.Path (to the running binary), cmd.Args, cmd.Env (the shim's
+// own, minimal: the daemon's environment must not reach the child),
 // cmd.ExtraFiles, and clears cmd.Err (a lookup error of exec.Command made
 // with the daemon's PATH, which does not matter: the shim looks the command
 // up with cfg.Env's PATH). cmd.Dir, if set and cfg.Dir is empty, moves into
@@ -122,7 +122,10 @@ func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
 
 	cmd.Path = selfExe
 	cmd.Args = []string{shimArgv0, Arg}
-	cmd.Env = []string{}
+	// The shim's own environment, never the command's (that is cfg.Env,
+	// passed in the config): one P keeps the held shim at few threads,
+	// which count against the scope's TasksMax once it is moved there.
+	cmd.Env = []string{"GOMAXPROCS=1"}
 	cmd.Dir = ""
 	cmd.Err = nil
 	cmd.ExtraFiles = files

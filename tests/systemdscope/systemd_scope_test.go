@@ -310,6 +310,47 @@ func TestMemoryMaxOOM(t *testing.T) {
 	}
 }
 
+func TestOOMOfLastProcessCounted(t *testing.T) {
+	if _, err := exec.LookPath("perl"); err != nil {
+		t.Skip("perl not installed")
+	}
+	b, _ := newBackend(t)
+	// The OOM victim is the only process: the scope empties and systemd
+	// removes its cgroup at once, usually before the main process is even
+	// reaped. The kill must still be counted (it decides the outcome
+	// memory_limit). Several rounds, since it is a race when done wrong.
+	for i := range 3 {
+		c := startIn(t, b, fmt.Sprintf("%s-%d", uniqueID(t), i), scope.Limits{MemoryBytes: 32 << 20},
+			"perl", "-e", `$x = "a" x (256 << 20); print "survived\n"`)
+		c.wait(t, 20*time.Second)
+		ws := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+		if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("round %d: perl ended with %v, want SIGKILL by the OOM killer", i, c.cmd.ProcessState)
+		}
+		st, err := c.sc.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.OOMKills < 1 {
+			t.Errorf("round %d: Stats().OOMKills = %d after the only process was OOM-killed, want >= 1", i, st.OOMKills)
+		}
+	}
+}
+
+func TestTinyTasksMax(t *testing.T) {
+	b, _ := newBackend(t)
+	// A TasksMax below the held shim's thread count must not abort the
+	// shim's runtime; the backend says it did not enforce it exactly.
+	c := startIn(t, b, uniqueID(t), scope.Limits{TasksMax: 1}, "sh", "-c", "echo ok")
+	c.wait(t, 10*time.Second)
+	if code := c.cmd.ProcessState.ExitCode(); code != 0 || c.stdout.String() != "ok\n" {
+		t.Errorf("exit %d, stdout %q, stderr %.200q; want 0, %q", code, c.stdout.String(), c.stderr.String(), "ok\n")
+	}
+	if un, ok := scope.Unenforced(c.sc); !ok || un.TasksMax != 1 {
+		t.Errorf("Unenforced = %+v, %v; want TasksMax 1 reported", un, ok)
+	}
+}
+
 func TestStatsCPUGrows(t *testing.T) {
 	b, _ := newBackend(t)
 	c := startIn(t, b, uniqueID(t), scope.Limits{}, "sh", "-c", `while :; do :; done`)
