@@ -228,7 +228,9 @@ func Boot(opts Options) (*Systemd, error) {
 	out, err := s.RawCommand(ctx, "systemctl", "is-system-running", "--wait").Output()
 	s.state = strings.TrimSpace(string(out))
 	if s.state != "running" && s.state != "degraded" {
-		failed, _ := s.RawCommand(context.Background(), "systemctl", "--failed", "--no-legend").Output()
+		fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		failed, _ := s.RawCommand(fctx, "systemctl", "--failed", "--no-legend").Output()
+		fcancel()
 		return fail(fmt.Errorf("systemd state %q (%v); failed units: %s", s.state, err, bytes.TrimSpace(failed)))
 	}
 	return s, nil

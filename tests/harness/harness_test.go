@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -142,8 +143,30 @@ func TestJournal(t *testing.T) {
 	}
 }
 
+// openFDs counts this process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
 func TestCloseLeavesNothing(t *testing.T) {
 	SkipUnlessBootable(t)
+	// A first boot warms up what the runtime opens once (the poller's
+	// epoll fd); after that a Boot/Close cycle must not change the count.
+	warm, err := Boot(Options{})
+	if err != nil {
+		t.Fatalf("Boot: %v", err)
+	}
+	if err := warm.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	fds := openFDs(t)
+	goroutines := runtime.NumGoroutine()
+
 	sd, err := Boot(Options{})
 	if err != nil {
 		t.Fatalf("Boot: %v", err)
@@ -173,6 +196,12 @@ func TestCloseLeavesNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("harness dir %s after Close: stat = %v, want not exist", dir, err)
+	}
+	if got := runtime.NumGoroutine(); got > goroutines {
+		t.Errorf("goroutines after Boot+Close = %d, want at most %d as before", got, goroutines)
+	}
+	if got := openFDs(t); got != fds {
+		t.Errorf("open fds after Boot+Close = %d, want %d as before", got, fds)
 	}
 	if leftover := processesIn(t, dir); len(leftover) > 0 {
 		t.Errorf("processes still mentioning %s: %v", dir, leftover)
