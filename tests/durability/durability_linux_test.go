@@ -102,6 +102,24 @@ func TestKillNineThenRestart(t *testing.T) {
 		waitFor(t, "file in the workspace", func() bool { return exists(filepath.Join(r.workspace, "file")) })
 		runs = append(runs, r)
 	}
+	{
+		// Cancelled but ignoring SIGTERM with a long grace: canceling at the
+		// kill.
+		rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sh", "-c", `trap "" TERM; echo $$; sleep 1000`},
+			Cwd: "/", TimeoutMS: 600000, GraceMS: 600000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := running{name: "canceling", id: rec.ID, procs: []proc{watch(t, rec.PID)}, cgroup: filepath.Join(e.base, rec.ID)}
+		pidsFromOutput(t, c, rec.ID, 1) // the trap is set
+		if rec, err = c.Cancel(ctx(t), api.CancelParams{ID: rec.ID, Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != api.StateCanceling {
+			t.Fatalf("canceling: state %v after exec.cancel, want canceling", rec.State)
+		}
+		runs = append(runs, r)
+	}
 	for _, r := range runs {
 		in, err := cgroupPIDs(r.cgroup)
 		if err != nil {
@@ -196,7 +214,7 @@ func TestKillNineThenRestart(t *testing.T) {
 	for _, rec := range list.Executions {
 		listed[rec.ID] = true
 	}
-	for _, id := range []string{plain.ID, trunc.ID, runs[0].id, runs[1].id} {
+	for _, id := range []string{plain.ID, trunc.ID, runs[0].id, runs[1].id, runs[2].id} {
 		if !listed[id] {
 			t.Errorf("exec.list after restart lacks %s", id)
 		}
@@ -210,7 +228,7 @@ func TestKillNineThenRestart(t *testing.T) {
 	}
 
 	// Settled records stay as they are across later restarts.
-	ids := []string{plain.ID, trunc.ID, runs[0].id, runs[1].id}
+	ids := []string{plain.ID, trunc.ID, runs[0].id, runs[1].id, runs[2].id}
 	seen := map[string]api.Record{}
 	for _, id := range ids {
 		if seen[id], err = c.Get(ctx(t), id); err != nil {
@@ -711,5 +729,43 @@ func TestSecondDaemonLeavesRunningExecutionsAlone(t *testing.T) {
 	}
 	if _, err := c.Info(ctx(t)); err != nil {
 		t.Errorf("the live daemon after a second corrald: daemon.info: %v", err)
+	}
+}
+
+// TestRestartWithAnotherCgroupBase: a record settled as lost and cleaned
+// after a restart must mean its tree is gone, even when the new daemon uses
+// another cgroup base (the default base follows the daemon's own cgroup, so
+// it changes when corrald is started from elsewhere). Either the tree is
+// killed through the record's scope, or the record must not claim cleaned.
+func TestRestartWithAnotherCgroupBase(t *testing.T) {
+	e := newEnv(t, "")
+	d1 := e.start()
+	c := d1.client()
+	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 600000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := watch(t, rec.PID)
+	cgroup := filepath.Join(e.base, rec.ID)
+	d1.kill9()
+
+	oldBase := e.base
+	t.Cleanup(func() {
+		if err := removeCgroupTree(oldBase); err != nil {
+			t.Errorf("clean up the first cgroup base: %v", err)
+		}
+	})
+	e.base = oldBase + "-moved"
+	c = e.start().client()
+	got, err := c.Get(ctx(t), rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outcomeOf(got) != string(api.OutcomeLost) {
+		t.Errorf("after restart: outcome %s, want lost", outcomeOf(got))
+	}
+	if got.State == api.StateCleaned && (p.alive() || exists(cgroup)) {
+		t.Errorf("record %s says cleaned (scope %s) but pid %d alive %v, cgroup %s exists %v",
+			rec.ID, got.Scope, p.pid, p.alive(), cgroup, exists(cgroup))
 	}
 }
