@@ -250,9 +250,9 @@ func (s *suite) benchScale(t *testing.T) {
 	fmt.Fprintf(&s.out, "\n### (c) %d concurrent `sleep 60` children\n\n", scaleN)
 	fmt.Fprintf(&s.out, "From /proc/<pid>/status (VmRSS, Threads) and /proc/<pid>/fd of the supervising process, idle (fresh, %s after start) and with all %d running (%s after the last was seen alive). "+
 		"corrald: a fresh daemon per row, %d exec.start calls from %d goroutines on one connection, then exec.cancel and exec.wait of each; "+
-		"baseline: the test binary re-executed as a separate process, each child an exec.Cmd with stdout/stderr copied by os/exec's goroutines into bounded buffers and a goroutine in Wait. "+
+		"baseline: the test binary re-executed as a separate process, children started from %d goroutines, each child an exec.Cmd with stdout/stderr copied by os/exec's goroutines into bounded buffers and a goroutine in Wait. "+
 		"After each row every child was checked gone (no process with the row's marker in its environment, no cgroup left).\n\n",
-		settle, scaleN, settle, scaleN, scaleWorkers)
+		settle, scaleN, settle, scaleN, scaleWorkers, scaleWorkers)
 	fmt.Fprintf(&s.out, "| supervisor | RSS idle MiB | RSS running MiB | RSS per child KiB | threads idle → running | fds idle → running | fds per child | start all s | cancel+gone all s |\n")
 	fmt.Fprintf(&s.out, "|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
@@ -304,32 +304,36 @@ func runSupervisor() int {
 	if !wait("go") {
 		return 1
 	}
-	var (
-		wg   sync.WaitGroup
-		cmds []*exec.Cmd
-	)
+	var wg sync.WaitGroup
+	cmds := make([]*exec.Cmd, n) // index i written only by the worker that starts child i
 	stopAll := func() {
 		for _, c := range cmds {
-			_ = c.Process.Kill()
+			if c != nil {
+				_ = c.Process.Kill()
+			}
 		}
 		wg.Wait()
 	}
-	for i := 0; i < n; i++ {
+	// Started from as many goroutines as corrald's row uses for exec.start.
+	if err := parallel(n, func(i int) error {
 		cmd := exec.Command("/bin/sleep", "60")
 		cmd.Env = []string{markEnv + "=" + mark}
 		cmd.Stdout = &boundedBuffer{max: api.DefaultOutputLimitBytes}
 		cmd.Stderr = &boundedBuffer{max: api.DefaultOutputLimitBytes}
 		if err := cmd.Start(); err != nil {
-			log.Error().Err(err).Int("child", i).Msg("start child")
-			stopAll()
-			return 1
+			return fmt.Errorf("start child %d: %w", i, err)
 		}
-		cmds = append(cmds, cmd)
+		cmds[i] = cmd
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			_ = cmd.Wait()
 		}()
+		return nil
+	}); err != nil {
+		log.Error().Err(err).Msg("start children")
+		stopAll()
+		return 1
 	}
 	say("running")
 	if !wait("stop") {
