@@ -146,6 +146,10 @@ type Record struct {
 	// "EACCES", ...), so clients can tell "not found" (exit 127) from "cannot
 	// execute" (126) without parsing Error.
 	StartErrno string `json:"start_errno,omitempty"`
+	// Unenforced names the limits asked for that this host's scope backend
+	// cannot apply ("memory_bytes", "tasks_max", "cpu_ms"), so a client is
+	// never misled into thinking they hold.
+	Unenforced []string `json:"unenforced,omitempty"`
 }
 
 // StartParams are the params of exec.start. Zero values mean the default.

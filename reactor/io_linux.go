@@ -10,6 +10,7 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/eventloop"
 	"github.com/corral-dev/corral/redact"
+	"github.com/corral-dev/corral/scope"
 )
 
 // stream is one output pipe of an execution. Loop goroutine only.
@@ -59,6 +60,16 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 		return
 	}
 	e.proc, e.sc = sp.proc, sp.sc
+	if l, ok := scope.Unenforced(sp.sc); ok {
+		for _, u := range []struct {
+			name string
+			v    int64
+		}{{"memory_bytes", l.MemoryBytes}, {"tasks_max", l.TasksMax}, {"cpu_ms", l.CPUMS}} {
+			if u.v > 0 {
+				e.rec.Unenforced = append(e.rec.Unenforced, u.name)
+			}
+		}
+	}
 	for i, fd := range []int{sp.stdout, sp.stderr} {
 		s := &stream{name: [2]string{"stdout", "stderr"}[i], fd: fd, kept: newKeptOutput(e.params.OutputLimitBytes)}
 		if e.params.Redact {

@@ -171,6 +171,11 @@ func (b *cgroupBackend) Prepare(_ context.Context, spec Spec) (Scope, error) {
 			if err := cgWrite(dir, "memory.swap.max", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return fail(fmt.Errorf("set memory.swap.max: %w", err))
 			}
+			// An OOM kill takes the whole tree, not one process of it: the
+			// execution ends as memory_limit instead of limping on.
+			if err := cgWrite(dir, "memory.oom.group", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fail(fmt.Errorf("set memory.oom.group: %w", err))
+			}
 		} else {
 			s.unenforced.MemoryBytes = lim.MemoryBytes
 		}
