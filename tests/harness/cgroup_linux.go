@@ -148,7 +148,9 @@ func discoverCgroups() (*cgroupLayout, error) {
 			var opts []string
 			set := map[string]bool{}
 			for _, o := range strings.Split(m.superOpts, ",") {
-				if o == "rw" || o == "ro" {
+				// release_agent is per hierarchy and set by the host's
+				// init; it may not be set again from a cgroup namespace.
+				if o == "rw" || o == "ro" || strings.HasPrefix(o, "release_agent=") {
 					continue
 				}
 				opts = append(opts, o)
