@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -58,7 +59,42 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "durability: build corrald: %v\n%s", err, out)
 		return 1
 	}
-	return m.Run()
+	fds, gs := openFDs(), runtime.NumGoroutine()
+	code := m.Run()
+	if err := checkLeaks(fds, gs); err != nil {
+		fmt.Fprintf(os.Stderr, "durability: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents)
+}
+
+// checkLeaks reports file descriptors or goroutines beyond the counts
+// before the tests, after giving closing connections a moment to finish.
+func checkLeaks(fds, goroutines int) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		nf, ng := openFDs(), runtime.NumGoroutine()
+		if nf <= fds && ng <= goroutines {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			return fmt.Errorf("leak after the tests: %d fds (before %d), %d goroutines (before %d):\n%s", nf, fds, ng, goroutines, buf)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // findCgroup2 returns the cgroup2 mount point (the hybrid layout's
