@@ -162,6 +162,11 @@ func TestKillNineThenRestart(t *testing.T) {
 		if rec.CleanedAt == nil || rec.ExitedAt == nil {
 			t.Errorf("%s: exited_at %v cleaned_at %v, want both set", r.name, rec.ExitedAt, rec.CleanedAt)
 		}
+		// exec.wait answers at once: there is nothing left to wait for.
+		waited := int64(5000)
+		if w, err := c.Wait(ctx(t), api.WaitParams{ID: r.id, TimeoutMS: &waited}); err != nil || !reflect.DeepEqual(w, rec) {
+			t.Errorf("%s: exec.wait after restart = %+v, %v; want the settled record %+v", r.name, w, err, rec)
+		}
 		for _, p := range r.procs {
 			if p.alive() {
 				t.Errorf("%s: pid %d still runs after the restart", r.name, p.pid)
