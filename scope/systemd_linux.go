@@ -335,11 +335,9 @@ type systemdScope struct {
 	state  sdState
 	killed bool // Kill was called: Started must not release the child
 	paths  sdPaths
-	last   Stats // the last Stats, merged; kept for when the cgroup is pruned
-	// oomSeen: the v1 OOM eventfd proved an OOM kill the counters may no
-	// longer show.
-	oomSeen bool
-	watch   *sdWatch // set by Started, stopped by Remove or a failed Started
+	last   Stats    // the last Stats, merged; kept for when the cgroup is pruned
+	oom    *sdOOM   // v1 OOM eventfd accounting (memory limit on v1 only)
+	watch  *sdWatch // set by Started, stopped by Remove or a failed Started
 }
 
 var (
@@ -447,7 +445,7 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 		s.mu.Lock()
 		s.state = sdFailed
 		w := s.watch
-		s.watch = nil
+		s.watch, s.oom = nil, nil // s.oom's fd closes with the watcher
 		s.mu.Unlock()
 		w.stop() // not under mu: its goroutines take it
 		return fmt.Errorf("start scope %s: %w", s.unit, err)
@@ -663,7 +661,7 @@ func (s *systemdScope) Remove() error {
 	s.state = sdRemoved
 	s.closeShimLocked()
 	w := s.watch
-	s.watch = nil
+	s.watch, s.oom = nil, nil // s.oom's fd closes with the watcher
 	s.mu.Unlock()
 	w.stop()
 	return nil

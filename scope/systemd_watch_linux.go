@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,14 +40,17 @@ func (s *systemdScope) startWatch(p sdPaths) *sdWatch {
 	w := &sdWatch{}
 	if p.Unified != "" {
 		if f, err := sdInotify(p.Unified, "cgroup.events", "memory.events"); err == nil {
-			w.run(f, 4096, func([]byte) { s.refreshStats() })
+			w.run(f, 4096, func([]byte) bool { return s.refreshStats() })
 		} else {
 			s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot watch cgroup.events")
 		}
 	}
-	if p.Memory != "" {
-		if f, err := sdOOMEventfd(p.Memory); err == nil {
-			w.run(f, 8, func(b []byte) { s.oomNotified(binary.NativeEndian.Uint64(b)) })
+	if p.Memory != "" && s.limits.MemoryBytes > 0 {
+		if o, err := sdOOMEventfd(p.Memory); err == nil {
+			s.mu.Lock()
+			s.oom = o
+			s.mu.Unlock()
+			w.runOOM(o, s)
 		} else {
 			s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot register for v1 OOM notifications")
 		}
@@ -55,8 +59,9 @@ func (s *systemdScope) startWatch(p sdPaths) *sdWatch {
 }
 
 // run reads f (non-blocking, so Close unblocks the read) until it is
-// closed, calling fn with each read.
-func (w *sdWatch) run(f *os.File, size int, fn func([]byte)) {
+// closed or fn returns false (the cgroup is gone: nothing more to see),
+// calling fn with each read. stop closes f either way.
+func (w *sdWatch) run(f *os.File, size int, fn func([]byte) bool) {
 	w.files = append(w.files, f)
 	w.wg.Add(1)
 	go func() {
@@ -64,10 +69,85 @@ func (w *sdWatch) run(f *os.File, size int, fn func([]byte)) {
 		buf := make([]byte, size)
 		for {
 			n, err := f.Read(buf)
-			if err != nil {
+			if err != nil || !fn(buf[:n]) {
 				return
 			}
-			fn(buf[:n])
+		}
+	}()
+}
+
+// sdOOM is the accounting of a v1 OOM eventfd. The kernel signals the
+// eventfd once per OOM, before killing, and once more when the cgroup is
+// removed (asynchronously, after the rmdir, so after every OOM signal).
+// Hence: signals read while the cgroup still exists are all OOMs; two or
+// more read in total once it is gone include at least one OOM; a lone one
+// read once it is gone is ambiguous until the next signal (the removal's,
+// if the lone one was an OOM) or a short wait settles it. Both the watcher
+// goroutine and Stats read the eventfd; the scope's mu guards this struct.
+type sdOOM struct {
+	fd      int // the eventfd, non-blocking; owned by file
+	file    *os.File
+	total   uint64 // signals read so far
+	certain bool   // an OOM kill happened for sure
+	settled bool   // the ambiguity was resolved as "no OOM"
+}
+
+// countLocked adds n signals read just now; exists is whether the memory
+// cgroup still existed after the read. It reports whether the count is
+// still ambiguous.
+func (o *sdOOM) countLocked(n uint64, exists bool) (ambiguous bool) {
+	o.total += n
+	if o.total > 0 && (exists || o.total >= 2) {
+		o.certain = true
+	}
+	return !o.certain && !o.settled && o.total == 1 && !exists
+}
+
+// drainLocked reads what is pending without blocking; when that leaves the
+// count ambiguous it waits up to wait for the settling signal.
+func (o *sdOOM) drainLocked(memDir string, wait time.Duration) {
+	var buf [8]byte
+	read := func() {
+		if n, err := unix.Read(o.fd, buf[:]); err == nil && n == 8 {
+			o.countLocked(binary.NativeEndian.Uint64(buf[:]), sdExists(memDir))
+		}
+	}
+	read()
+	if o.countLocked(0, sdExists(memDir)) {
+		fds := []unix.PollFd{{Fd: int32(o.fd), Events: unix.POLLIN}}
+		if n, _ := unix.Poll(fds, int(wait.Milliseconds())); n > 0 {
+			read()
+		}
+		if !o.certain {
+			o.settled = true
+		}
+	}
+}
+
+// runOOM reads the OOM eventfd in the background, so an OOM is seen while
+// the cgroup still exists even when nobody calls Stats.
+func (w *sdWatch) runOOM(o *sdOOM, s *systemdScope) {
+	w.files = append(w.files, o.file)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		var buf [8]byte
+		for {
+			if _, err := o.file.Read(buf[:]); err != nil {
+				return // closed, or the settling wait timed out
+			}
+			n := binary.NativeEndian.Uint64(buf[:])
+			s.mu.Lock()
+			exists := sdExists(s.paths.Memory)
+			ambiguous := o.countLocked(n, exists)
+			s.readStatsLocked()
+			s.mu.Unlock()
+			switch {
+			case ambiguous:
+				o.file.SetReadDeadline(time.Now().Add(2 * time.Second))
+			case !exists:
+				return
+			}
 		}
 	}()
 }
@@ -104,7 +184,7 @@ func sdInotify(dir string, names ...string) (*os.File, error) {
 
 // sdOOMEventfd registers a non-blocking eventfd for OOM notifications of the
 // v1 memory cgroup dir.
-func sdOOMEventfd(dir string) (*os.File, error) {
+func sdOOMEventfd(dir string) (*sdOOM, error) {
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return nil, os.NewSyscallError("eventfd", err)
@@ -120,32 +200,16 @@ func sdOOMEventfd(dir string) (*os.File, error) {
 		unix.Close(efd)
 		return nil, fmt.Errorf("register OOM eventfd: %w", err)
 	}
-	return os.NewFile(uintptr(efd), "oom-eventfd:"+dir), nil
+	return &sdOOM{fd: efd, file: os.NewFile(uintptr(efd), "oom-eventfd:"+dir)}, nil
 }
 
-// refreshStats takes a Stats reading now (the watcher saw the cgroup change).
-func (s *systemdScope) refreshStats() {
+// refreshStats takes a Stats reading now (the watcher saw the cgroup
+// change). It returns false once the cgroup is gone.
+func (s *systemdScope) refreshStats() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.readStatsLocked()
-}
-
-// oomNotified handles n signals of the v1 OOM eventfd. The kernel signals it
-// for each OOM, before killing, and once when the cgroup is removed, which
-// happens only after the tree is gone. So if the cgroup still exists after
-// the read, every signal was an OOM; if it is gone, one of them may be the
-// removal. A lone signal with the cgroup gone is taken as the removal: it
-// could only be an OOM if the victim died and systemd removed the cgroup
-// between the signal and this goroutine waking up.
-func (s *systemdScope) oomNotified(n uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	exists := sdExists(s.paths.Memory)
-	s.readStatsLocked()
-	if exists || n >= 2 {
-		s.oomSeen = true
-		s.last.OOMKills = max(s.last.OOMKills, 1)
-	}
+	return sdExists(s.paths.procsDir())
 }
 
 // readStatsLocked merges a fresh reading into s.last (s.mu held). It reads
@@ -157,7 +221,12 @@ func (s *systemdScope) readStatsLocked() {
 	now := s.paths.stats()
 	gone := !sdExists(s.paths.procsDir())
 	s.last = sdMerge(s.last, now, gone)
-	if s.oomSeen {
-		s.last.OOMKills = max(s.last.OOMKills, 1)
+	if s.oom != nil {
+		// At most a short wait, and only once per scope: when the cgroup
+		// vanished with one unexplained signal pending.
+		s.oom.drainLocked(s.paths.Memory, 30*time.Millisecond)
+		if s.oom.certain {
+			s.last.OOMKills = max(s.last.OOMKills, 1)
+		}
 	}
 }

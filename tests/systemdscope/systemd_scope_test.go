@@ -363,8 +363,8 @@ func TestStatsCPUGrows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if grew := second.CPUUsageNS - first.CPUUsageNS; grew < int64(300*time.Millisecond) {
-		t.Errorf("CPU usage grew by %v in 1 s of spinning (%d -> %d), want >= 300ms", time.Duration(grew), first.CPUUsageNS, second.CPUUsageNS)
+	if grew := second.CPUUsageNS - first.CPUUsageNS; grew < int64(100*time.Millisecond) {
+		t.Errorf("CPU usage grew by %v in 1 s of spinning (%d -> %d), want >= 100ms (a loaded box still gives that)", time.Duration(grew), first.CPUUsageNS, second.CPUUsageNS)
 	}
 	if second.CPUUserNS <= 0 || second.CPUSystemNS < 0 {
 		t.Errorf("CPUUserNS = %d, CPUSystemNS = %d; want known, user > 0", second.CPUUserNS, second.CPUSystemNS)
@@ -454,6 +454,21 @@ func TestKillWithoutDBus(t *testing.T) {
 	if got := unitProp(t, c.sc.Name(), "LoadState"); got != "not-found" {
 		t.Errorf("LoadState after Remove = %q, want not-found", got)
 	}
+}
+
+func TestSignalWithoutDBus(t *testing.T) {
+	b, d := newBackend(t)
+	c := startIn(t, b, uniqueID(t), scope.Limits{}, "sleep", "1000")
+	d.down.Store(true)
+	d.closeAll()
+	if err := c.sc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("Signal with D-Bus down: %v", err)
+	}
+	c.wait(t, 10*time.Second)
+	if ws := c.cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signal() != syscall.SIGTERM {
+		t.Errorf("sleep ended with %v, want SIGTERM", c.cmd.ProcessState)
+	}
+	d.down.Store(false) // let the cleanup's Remove reach systemd
 }
 
 func TestReactorShimExecError(t *testing.T) {
