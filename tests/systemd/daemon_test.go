@@ -1,0 +1,480 @@
+// Package systemd runs corrald as a real systemd service, socket-activated,
+// inside a private systemd booted by tests/harness, and checks what agent
+// hosts rely on: every execution in its own transient scope, trees killed
+// whole, limits, the journal audit trail, and recovery after a crash.
+package systemd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/harness"
+)
+
+const (
+	socket   = "/run/corral/corrald.sock"
+	stateDir = "/run/corral-state" // tmpfs inside the harness
+	binEnv   = "CORRAL_TEST_BINDIR"
+)
+
+func TestMain(m *testing.M) {
+	// The test binary doubles as a child program.
+	switch os.Getenv("CORRAL_TEST_HELPER") {
+	case "spin4": // four threads spinning until killed
+		runtime.GOMAXPROCS(4)
+		for i := 0; i < 4; i++ {
+			go func() {
+				for {
+				}
+			}()
+		}
+		select {}
+	case "":
+	default:
+		os.Exit(99)
+	}
+	if os.Getenv(harness.EnvInside) == "" && harness.Unavailable() == "" {
+		dir, err := os.MkdirTemp("", "corral-sd-bin-")
+		if err != nil {
+			panic(err)
+		}
+		build := exec.Command("go", "build", "-o", filepath.Join(dir, "corrald"), "../../cmd/corrald")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Printf("build corrald: %v\n%s", err, out)
+			os.Exit(1)
+		}
+		os.Setenv(binEnv, dir)
+		code := harness.RunInside(m)
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}
+	os.Exit(harness.RunInside(m))
+}
+
+var setupOnce sync.Once
+
+// setup installs corrald's real units (deploy/), with ExecStart pointing at
+// the binary under test and the state in a tmpfs, and starts the socket.
+func setup(t *testing.T) {
+	t.Helper()
+	harness.Require(t)
+	setupOnce.Do(func() {
+		bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
+		unitDir := os.Getenv(harness.EnvUnitDir)
+		for _, u := range []string{"corrald.service", "corrald.socket", "corral.slice"} {
+			b, err := os.ReadFile("../../deploy/" + u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(unitDir, u), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dropin := filepath.Join(unitDir, "corrald.service.d")
+		os.MkdirAll(dropin, 0o755)
+		override := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --state-dir %s --log-level debug --kill-wait 3s\nReadWritePaths=%s\n", bin, stateDir, stateDir)
+		if err := os.WriteFile(filepath.Join(dropin, "test.conf"), []byte(override), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// The socket's group: on the host if CI made it, else only inside
+		// this private mount namespace.
+		if exec.Command("getent", "group", "corral").Run() != nil {
+			b, _ := os.ReadFile("/etc/group")
+			os.WriteFile("/run/corral-test-group", append(b, []byte("corral:x:4243:\n")...), 0o644)
+			sh(t, "mount", "--bind", "/run/corral-test-group", "/etc/group")
+		}
+		os.MkdirAll(stateDir, 0o700)
+		sh(t, "systemctl", "daemon-reload")
+		sh(t, "systemctl", "start", "corrald.socket")
+	})
+}
+
+func sh(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func client(t *testing.T) *ipc.Client {
+	t.Helper()
+	c, err := ipc.Dial(socket)
+	if err != nil {
+		t.Fatalf("dial %s: %v", socket, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func runTo(t *testing.T, c *ipc.Client, p api.StartParams) api.Record {
+	t.Helper()
+	rec, err := c.Start(context.Background(), p)
+	if err != nil {
+		t.Fatalf("exec.start %v: %v", p.Argv, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
+	if err != nil || rec.State != api.StateCleaned {
+		t.Fatalf("exec.wait %s: %v (state %v)", rec.ID, err, rec.State)
+	}
+	return rec
+}
+
+func outcome(r api.Record) string {
+	if r.Outcome == nil {
+		return ""
+	}
+	return string(*r.Outcome)
+}
+
+func stdout(t *testing.T, c *ipc.Client, id string) string {
+	t.Helper()
+	out, err := c.Output(context.Background(), api.OutputParams{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out.Data)
+}
+
+// unitGone reports whether systemd no longer knows the unit.
+func unitGone(unit string) bool {
+	out, _ := exec.Command("systemctl", "show", "-p", "LoadState", "--value", unit).Output()
+	return strings.TrimSpace(string(out)) == "not-found"
+}
+
+func waitGone(t *testing.T, what string, gone func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !gone() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still there", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func pidGone(pid int) func() bool {
+	return func() bool {
+		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+		return os.IsNotExist(err)
+	}
+}
+
+func TestSocketActivationAndInfo(t *testing.T) {
+	setup(t)
+	info, err := client(t).Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Backend != "systemd" || !info.Pidfd || info.Store != "ok" {
+		t.Errorf("daemon.info = backend %q pidfd %v store %q; want systemd, true, ok", info.Backend, info.Pidfd, info.Store)
+	}
+	if got := sh(t, "systemctl", "is-active", "corrald.service"); got != "active" {
+		t.Errorf("corrald.service is %q after the first connection, want active", got)
+	}
+	if got := sh(t, "systemctl", "show", "-p", "StatusText", "--value", "corrald.service"); got == "" {
+		// STATUS= comes every 5 s; READY=1 made it active already.
+		t.Log("no STATUS= yet")
+	}
+}
+
+func TestEachExecutionInItsOwnScope(t *testing.T) {
+	setup(t)
+	c := client(t)
+	rec := runTo(t, c, api.StartParams{Argv: []string{"cat", "/proc/self/cgroup"}})
+	unit := "corral-" + rec.ID + ".scope"
+	if rec.Scope != unit {
+		t.Errorf("scope = %q, want %q", rec.Scope, unit)
+	}
+	if out := stdout(t, c, rec.ID); !strings.Contains(out, "/corral.slice/"+unit) {
+		t.Errorf("child's cgroup %q is not in %s", out, unit)
+	}
+	waitGone(t, unit, func() bool { return unitGone(unit) })
+}
+
+// A child that double-forks a sleep into a new session: nothing is left
+// and the scope is gone — when the child exits, at timeout and at cancel.
+func TestEscapedDescendantsKilled(t *testing.T) {
+	setup(t)
+	c := client(t)
+	for _, tc := range []struct {
+		name   string
+		script string
+		p      api.StartParams
+		cancel bool
+		want   string
+	}{
+		{"exits", `setsid sh -c 'sleep 1000 & echo $!'; exit 0`, api.StartParams{}, false, "exited"},
+		{"timeout", `setsid sh -c 'sleep 1000 & echo $!'; sleep 1000`, api.StartParams{TimeoutMS: 500, GraceMS: 200}, false, "timeout"},
+		{"cancel", `setsid sh -c 'sleep 1000 & echo $!'; sleep 1000`, api.StartParams{}, true, "cancelled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.p
+			p.Argv = []string{"sh", "-c", tc.script}
+			rec, err := c.Start(context.Background(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The escaped sleep's pid, once printed.
+			var pid int
+			deadline := time.Now().Add(5 * time.Second)
+			for pid == 0 && time.Now().Before(deadline) {
+				pid, _ = strconv.Atoi(strings.TrimSpace(stdout(t, c, rec.ID)))
+				time.Sleep(20 * time.Millisecond)
+			}
+			if pid == 0 {
+				t.Fatal("child never printed the escaped pid")
+			}
+			if tc.cancel {
+				if _, err := c.Cancel(context.Background(), api.CancelParams{ID: rec.ID}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rec, err = c.Wait(context.Background(), api.WaitParams{ID: rec.ID})
+			if err != nil || rec.State != api.StateCleaned {
+				t.Fatalf("wait: %v %v", rec.State, err)
+			}
+			if outcome(rec) != tc.want {
+				t.Errorf("outcome = %s, want %s", outcome(rec), tc.want)
+			}
+			if !pidGone(pid)() {
+				t.Errorf("escaped sleep %d still alive after cleaned", pid)
+				syscallKill(pid)
+			}
+			if !unitGone(rec.Scope) {
+				t.Errorf("%s still loaded after cleaned", rec.Scope)
+			}
+		})
+	}
+}
+
+func syscallKill(pid int) { exec.Command("kill", "-9", strconv.Itoa(pid)).Run() }
+
+func TestForkBombStopsAtTasksMax(t *testing.T) {
+	setup(t)
+	c := client(t)
+	rec := runTo(t, c, api.StartParams{
+		Argv:      []string{"sh", "-c", `i=0; while [ $i -lt 400 ]; do sleep 1000 & i=$((i+1)); done; echo spawned; sleep 1000`},
+		TasksMax:  32,
+		TimeoutMS: 4000, GraceMS: 200,
+	})
+	// The shell may give up when fork fails (exited) or keep looping until
+	// the timeout; either way the tree must end whole.
+	if o := outcome(rec); o != "timeout" && o != "exited" {
+		t.Errorf("outcome = %s, want timeout or exited (error %v)", o, rec.Error)
+	}
+	if rec.Usage.TasksPeak > 32 || rec.Usage.TasksPeak < 2 {
+		t.Errorf("tasks_peak = %d, want 2..32", rec.Usage.TasksPeak)
+	}
+	errOut, _ := c.Output(context.Background(), api.OutputParams{ID: rec.ID, Stream: "stderr"})
+	if !strings.Contains(strings.ToLower(string(errOut.Data)), "fork") && !strings.Contains(string(errOut.Data), "Resource temporarily unavailable") {
+		t.Errorf("stderr %q shows no failed fork", errOut.Data)
+	}
+	if out, _ := exec.Command("pgrep", "-x", "-f", "sleep 1000").Output(); len(out) > 0 {
+		t.Errorf("sleeps left after the fork bomb was killed: %s", out)
+	}
+	if !unitGone(rec.Scope) {
+		t.Errorf("%s still loaded", rec.Scope)
+	}
+}
+
+func TestMemoryLimit(t *testing.T) {
+	setup(t)
+	c := client(t)
+	rec := runTo(t, c, api.StartParams{
+		Argv:        []string{"python3", "-c", "b = bytearray(512 << 20); print(len(b))"},
+		MemoryBytes: 64 << 20,
+		TimeoutMS:   20000,
+	})
+	if outcome(rec) != "memory_limit" {
+		t.Errorf("outcome = %s (signal %v, exit %v, error %v), want memory_limit", outcome(rec), rec.Signal, rec.ExitCode, rec.Error)
+	}
+}
+
+func TestCPULimitCatchesThreads(t *testing.T) {
+	setup(t)
+	c := client(t)
+	exe, _ := os.Executable()
+	rec := runTo(t, c, api.StartParams{
+		Argv:  []string{exe},
+		Env:   map[string]string{"CORRAL_TEST_HELPER": "spin4"},
+		CPUMS: 1000, TimeoutMS: 10000,
+	})
+	if outcome(rec) != "cpu_limit" {
+		t.Errorf("outcome = %s, want cpu_limit", outcome(rec))
+	}
+	// 1 s of CPU on 2 cores is about half a second of wall time for four
+	// spinning threads; a wall-clock limit would have let it run 10 s.
+	if rec.DurationMS > 3000 {
+		t.Errorf("duration %d ms: the CPU limit did not end it within about a second", rec.DurationMS)
+	}
+	if used := rec.Usage.CPUUserMS + rec.Usage.CPUSystemMS; used < 1000 {
+		t.Errorf("cpu used %d ms, want >= cpu_ms 1000", used)
+	}
+}
+
+type journalEntry map[string]any
+
+func journal(t *testing.T, id string) []journalEntry {
+	t.Helper()
+	out, err := exec.Command("journalctl", "-u", "corrald", "EXEC_ID="+id, "-o", "json", "--no-pager").Output()
+	if err != nil {
+		t.Fatalf("journalctl: %v", err)
+	}
+	var entries []journalEntry
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if line == "" {
+			continue
+		}
+		var e journalEntry
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("journal line %q: %v", line, err)
+		}
+		entries = append(entries, e)
+	}
+	return entries
+}
+
+func TestJournalAuditTrail(t *testing.T) {
+	setup(t)
+	c := client(t)
+	rec := runTo(t, c, api.StartParams{Argv: []string{"sh", "-c", "exit 4"}, Labels: map[string]string{"tool_call": "t-42"}})
+	var events []string
+	deadline := time.Now().Add(10 * time.Second)
+	var entries []journalEntry
+	for time.Now().Before(deadline) {
+		entries = journal(t, rec.ID)
+		if len(entries) >= 4 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	byEvent := map[string]journalEntry{}
+	for _, e := range entries {
+		ev, _ := e["EVENT"].(string)
+		events = append(events, ev)
+		byEvent[ev] = e
+	}
+	for _, want := range []string{"started", "running", "exited", "cleaned"} {
+		e, ok := byEvent[want]
+		if !ok {
+			t.Errorf("no %s entry for %s (events %v)", want, rec.ID, events)
+			continue
+		}
+		if e["OWNER_UID"] != "0" || e["LABEL_TOOL_CALL"] != "t-42" {
+			t.Errorf("%s entry: OWNER_UID %v LABEL_TOOL_CALL %v", want, e["OWNER_UID"], e["LABEL_TOOL_CALL"])
+		}
+	}
+	if e := byEvent["started"]; e != nil && !strings.Contains(fmt.Sprint(e["ARGV"]), "exit 4") {
+		t.Errorf("started entry ARGV = %v", e["ARGV"])
+	}
+	if e := byEvent["exited"]; e != nil && (e["OUTCOME"] != "exited" || e["EXIT_CODE"] != "4" || e["SCOPE"] != rec.Scope) {
+		t.Errorf("exited entry: OUTCOME %v EXIT_CODE %v SCOPE %v", e["OUTCOME"], e["EXIT_CODE"], e["SCOPE"])
+	}
+}
+
+// corrald killed -9 mid-run: the next start (socket activation on the next
+// connection) kills and removes the leftover scope and records the
+// execution as lost.
+func TestLeftoverScopeAfterCrash(t *testing.T) {
+	setup(t)
+	c := client(t)
+	rec, err := c.Start(context.Background(), api.StartParams{Argv: []string{"sh", "-c", "echo $$; exec sleep 1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	for i := 0; i < 100 && pid == 0; i++ {
+		pid, _ = strconv.Atoi(strings.TrimSpace(stdout(t, c, rec.ID)))
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.Close()
+	sh(t, "systemctl", "kill", "--kill-who=main", "--signal=SIGKILL", "corrald.service")
+	waitGone(t, "corrald after SIGKILL", func() bool {
+		out, _ := exec.Command("systemctl", "is-active", "corrald.service").Output()
+		return strings.TrimSpace(string(out)) != "active"
+	})
+	if unitGone(rec.Scope) {
+		t.Fatalf("%s vanished with the daemon; the test needs it left behind", rec.Scope)
+	}
+	// Restart=on-failure or the next connection brings corrald back.
+	var c2 *ipc.Client
+	deadline := time.Now().Add(15 * time.Second)
+	for c2 == nil {
+		if cc, err := ipc.Dial(socket); err == nil {
+			if _, err := cc.Info(context.Background()); err == nil {
+				c2 = cc
+				break
+			}
+			cc.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("corrald did not come back")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer c2.Close()
+	waitGone(t, rec.Scope, func() bool { return unitGone(rec.Scope) })
+	if pid != 0 && !pidGone(pid)() {
+		t.Errorf("the crashed run's sleep %d is still alive", pid)
+	}
+	got, err := c2.Get(context.Background(), rec.ID)
+	if err != nil {
+		t.Fatalf("exec.get after restart: %v", err)
+	}
+	if got.State != api.StateCleaned || outcome(got) != "lost" {
+		t.Errorf("after restart: state %v outcome %s, want cleaned, lost", got.State, outcome(got))
+	}
+}
+
+// Losing the D-Bus connection mid-run must not keep a timeout from killing
+// the tree: daemon-reexec drops every private-socket connection.
+func TestTimeoutKillsWithDBusGone(t *testing.T) {
+	setup(t)
+	c := client(t)
+	rec, err := c.Start(context.Background(), api.StartParams{
+		Argv:      []string{"sh", "-c", `trap "" TERM; setsid sh -c 'sleep 1000 & echo $!'; sleep 1000`},
+		TimeoutMS: 1500, GraceMS: 300,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	for i := 0; i < 100 && pid == 0; i++ {
+		pid, _ = strconv.Atoi(strings.TrimSpace(stdout(t, c, rec.ID)))
+		time.Sleep(20 * time.Millisecond)
+	}
+	sh(t, "systemctl", "daemon-reexec")
+	rec, err = c.Wait(context.Background(), api.WaitParams{ID: rec.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outcome(rec) != "timeout" {
+		t.Errorf("outcome = %s, want timeout", outcome(rec))
+	}
+	if pid != 0 && !pidGone(pid)() {
+		t.Errorf("escaped sleep %d alive after the timeout with D-Bus gone", pid)
+		syscallKill(pid)
+	}
+	// And the daemon reconnected: a new execution gets its scope.
+	again := runTo(t, c, api.StartParams{Argv: []string{"true"}})
+	if outcome(again) != "exited" || again.Scope == "" {
+		t.Errorf("after reconnect: outcome %s scope %q", outcome(again), again.Scope)
+	}
+}
