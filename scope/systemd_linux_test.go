@@ -1,10 +1,14 @@
 package scope
 
 import (
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const hybridMountinfo = `25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
@@ -200,5 +204,80 @@ func TestSdMerge(t *testing.T) {
 				t.Errorf("sdMerge = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestSdOOMCount(t *testing.T) {
+	type step struct {
+		n      uint64
+		exists bool
+	}
+	tests := []struct {
+		name          string
+		steps         []step
+		wantCertain   bool
+		wantAmbiguous bool
+	}{
+		{"signal while the cgroup exists is an OOM", []step{{1, true}}, true, false},
+		{"two signals once gone include an OOM", []step{{2, false}}, true, false},
+		{"OOM then removal, read apart", []step{{1, true}, {1, false}}, true, false},
+		{"lone signal once gone is ambiguous", []step{{1, false}}, false, true},
+		{"ambiguity settled by the removal signal", []step{{1, false}, {1, false}}, true, false},
+		{"nothing read", []step{{0, false}}, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var o sdOOM
+			var amb bool
+			for _, s := range tt.steps {
+				amb = o.countLocked(s.n, s.exists)
+			}
+			if o.certain != tt.wantCertain || amb != tt.wantAmbiguous {
+				t.Errorf("certain %v, ambiguous %v; want %v, %v", o.certain, amb, tt.wantCertain, tt.wantAmbiguous)
+			}
+		})
+	}
+}
+
+func TestSdOOMDrain(t *testing.T) {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(efd) })
+	signal := func() {
+		var b [8]byte
+		binary.NativeEndian.PutUint64(b[:], 1)
+		if _, err := unix.Write(efd, b[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gone := filepath.Join(t.TempDir(), "gone")
+
+	// A lone signal with the cgroup gone, and nothing else within the
+	// wait: settled as the removal, and never waited for again.
+	o := &sdOOM{fd: efd}
+	signal()
+	start := time.Now()
+	o.drainLocked(gone, 50*time.Millisecond)
+	if o.certain || !o.settled {
+		t.Errorf("lone signal: certain %v settled %v; want false, true", o.certain, o.settled)
+	}
+	if took := time.Since(start); took < 40*time.Millisecond {
+		t.Errorf("drain returned after %v, want it to wait for the settling signal", took)
+	}
+	start = time.Now()
+	o.drainLocked(gone, time.Second)
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Errorf("second drain waited %v, want no wait once settled", took)
+	}
+
+	// OOM signal and then the removal's, arriving during the wait.
+	o = &sdOOM{fd: efd}
+	signal()
+	go func() { time.Sleep(10 * time.Millisecond); signal() }()
+	o.drainLocked(gone, 2*time.Second)
+	if !o.certain {
+		t.Error("OOM then removal signal: not counted as an OOM")
 	}
 }
