@@ -11,7 +11,7 @@ STATEDIR ?= /var/lib/corral
 # Bounded fuzzing of the request decoder and param validation in make test.
 FUZZTIME ?= 20s
 
-.PHONY: build run test unit integration fuzz bench lint install clean
+.PHONY: build run test fuzz bench lint install clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/corrald ./cmd/corrald
@@ -46,7 +46,7 @@ bench: build
 	CORRAL_BENCH=1 $(GO) test -run '^TestBenchSuite$$' -count=1 -timeout 15m -v ./bench/
 
 install: build
-	DESTDIR=$(DESTDIR) BIN=$(BIN) sh deploy/install.sh
+	DESTDIR=$(DESTDIR) BIN_SRC=$(BIN) sh deploy/install.sh
 
 clean:
 	rm -rf $(BIN)

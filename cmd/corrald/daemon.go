@@ -224,7 +224,7 @@ func chooseBackend(ctx context.Context, c *config, host scope.Host, log zerolog.
 	trySystemd := func() (scope.Backend, error) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		return scope.NewSystemd(cctx, scope.SystemdOptions{Slice: c.slice})
+		return scope.NewSystemd(cctx, scope.SystemdOptions{Slice: c.slice, Log: log})
 	}
 	switch c.scope {
 	case "systemd":
