@@ -423,3 +423,56 @@ func TestRedactedOutput(t *testing.T) {
 		t.Errorf("stdout without redact = %q, want %q", out, raw)
 	}
 }
+
+// TestWorkspaceReachableByItsPath: tools resolve the working directory to
+// an absolute path ($PWD, getcwd) and open files through it, so the
+// workspace must be reachable by path for its user, not only entered.
+func TestWorkspaceReachableByItsPath(t *testing.T) {
+	d := startDaemon(t)
+	rec, out, errs := d.run(users[userA], map[string]any{"argv": []string{"sh", "-c", `echo hi > f && cat "$(pwd)/f" && ls "$(pwd)" >/dev/null`}})
+	if code := exitCode(t, rec); code != 0 || out != "hi\n" {
+		t.Errorf("reading a workspace file by absolute path: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// TestPathProbesRevealNothing: the daemon checks argv[0] and cwd as root
+// before the child runs; the answer must not tell the caller whether a
+// path exists inside a directory the caller cannot search.
+func TestPathProbesRevealNothing(t *testing.T) {
+	d := startDaemon(t)
+	a := users[userA]
+	private := t.TempDir() // 0700 root
+	exe := filepath.Join(private, "tool")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\necho ran\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(private, "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// errno of the failed start; running at all would be worse.
+	errno := func(p map[string]any) string {
+		rec, out, _ := d.run(a, p)
+		if out != "" {
+			t.Errorf("%v ran as %s: stdout %q", p, a.name, out)
+		}
+		if rec.Outcome == nil || *rec.Outcome != api.OutcomeStartFailed {
+			t.Errorf("%v as %s: outcome %v, want start_failed", p, a.name, rec.Outcome)
+		}
+		return rec.StartErrno
+	}
+	for _, tc := range []struct {
+		what            string
+		exists, missing map[string]any
+	}{
+		{"argv[0]", map[string]any{"argv": []string{exe}, "cwd": "/"},
+			map[string]any{"argv": []string{filepath.Join(private, "nope")}, "cwd": "/"}},
+		{"cwd", map[string]any{"argv": []string{"true"}, "cwd": filepath.Join(private, "dir")},
+			map[string]any{"argv": []string{"true"}, "cwd": filepath.Join(private, "nodir")}},
+	} {
+		// The user itself would get EACCES for both: it cannot search the
+		// directory, so it cannot learn what is in it.
+		if e, m := errno(tc.exists), errno(tc.missing); e != m {
+			t.Errorf("%s in a directory %s cannot search: an existing path fails with %s, a missing one with %s", tc.what, a.name, e, m)
+		}
+	}
+}
