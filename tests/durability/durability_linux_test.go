@@ -646,6 +646,47 @@ func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
 	}
 }
 
+// TestFullDiskRecordNeverGoesBackwards: an execution that ended while the
+// store could not write is kept in memory for the retention period; once
+// that passes (space long since freed), exec.get must not fall back to the
+// stale stored record: states move one way only.
+func TestFullDiskRecordNeverGoesBackwards(t *testing.T) {
+	mnt := mountTmpfs(t, "2m")
+	e := newEnv(t, filepath.Join(mnt, "state"))
+	c := e.start("--retention", "2s").client()
+	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 1000, GraceMS: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch(t, long.PID)
+	fill := filepath.Join(mnt, "fill")
+	fillUp(t, fill)
+	ended, err := c.Wait(ctx(t), api.WaitParams{ID: long.ID})
+	if err != nil || ended.State != api.StateCleaned || outcomeOf(ended) != string(api.OutcomeTimeout) {
+		t.Fatalf("exec.wait on a full disk = %v %s, %v; want cleaned timeout", ended.State, outcomeOf(ended), err)
+	}
+	if err := os.Remove(fill); err != nil {
+		t.Fatal(err)
+	}
+	// Past the retention period: the record may expire (-32001) but must
+	// never read as anything earlier than cleaned with outcome timeout.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		got, err := c.Get(ctx(t), long.ID)
+		if rpcCode(err) == api.CodeNotFound {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeTimeout) {
+			t.Fatalf("exec.get %v after exec.wait answered cleaned timeout: now state %v outcome %s",
+				time.Since(*ended.CleanedAt).Round(time.Millisecond), got.State, outcomeOf(got))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
 func TestRetentionExpiresCleanedRecords(t *testing.T) {
 	e := newEnv(t, "")
 	d := e.start("--retention", "2s")
