@@ -39,7 +39,15 @@ func Main() {
 	if err != nil {
 		fail(errPipe, newExecError("config", err))
 	}
-	if cfg.Hold {
+	if cfg.Deferred {
+		if cfg, err = receiveDispatch(); err != nil {
+			var gone errParentGone
+			if errors.As(err, &gone) {
+				os.Exit(ExitParentGone)
+			}
+			fail(errPipe, newExecError("dispatch", err))
+		}
+	} else if cfg.Hold {
 		if err := hold(); err != nil {
 			var gone errParentGone
 			if errors.As(err, &gone) {
@@ -108,6 +116,12 @@ func hold() error {
 func setup(cfg *Config) *ExecError {
 	// Before credentials change: bringing an interface up needs
 	// CAP_NET_ADMIN, raising a hard rlimit needs CAP_SYS_RESOURCE.
+	if cfg.NewNetNS {
+		// This thread (locked, it execs) gets a new network namespace.
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			return newExecError("netns", os.NewSyscallError("unshare(CLONE_NEWNET)", err))
+		}
+	}
 	if cfg.LoopbackUp {
 		if err := loopbackUp(); err != nil {
 			return newExecError("loopback", fmt.Errorf("bring up lo: %w", err))

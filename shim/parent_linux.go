@@ -42,6 +42,7 @@ type Handle struct {
 	releaseR *os.File
 	// Parent ends.
 	releaseW *os.File // nil when not held or after Release/Close
+	dispatch *os.File // pooled: our end of the dispatch socket, until Dispatch
 	errR     int      // -1 after Close; O_NONBLOCK|O_CLOEXEC
 
 	held     bool
@@ -295,6 +296,10 @@ func (h *Handle) Close() error {
 	}
 	h.closed = true
 	h.closeChildEndsLocked()
+	if h.dispatch != nil {
+		h.dispatch.Close() // an undispatched pooled shim exits 125
+		h.dispatch = nil
+	}
 	if h.releaseW != nil {
 		h.releaseW.Close()
 		h.releaseW = nil

@@ -79,6 +79,12 @@ type Config struct {
 	// the daemon created under a root-only directory). Otherwise Dir is
 	// entered as the new user.
 	EnterDirAsRoot bool `json:"enter_dir_as_root,omitempty"`
+	// NewNetNS makes the shim unshare a new network namespace itself (a
+	// pooled shim was cloned before the request said network "none").
+	NewNetNS bool `json:"new_netns,omitempty"`
+	// Deferred marks a pooled shim's placeholder config: the real one comes
+	// with the dispatch (WrapPooled).
+	Deferred bool `json:"deferred,omitempty"`
 }
 
 // ExecError is the shim's report of a failure before or at exec.

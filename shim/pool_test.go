@@ -1,0 +1,100 @@
+package shim_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/shim"
+)
+
+// startPooled starts a pooled shim with no command yet.
+func startPooled(t *testing.T) (*exec.Cmd, *shim.Handle) {
+	t.Helper()
+	cmd := &exec.Cmd{}
+	h, err := shim.WrapPooled(cmd)
+	if err != nil {
+		t.Fatalf("WrapPooled = %v", err)
+	}
+	t.Cleanup(func() { h.Close() })
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start pooled shim: %v", err)
+	}
+	h.CloseChildEnds()
+	return cmd, h
+}
+
+func TestPooledDispatch(t *testing.T) {
+	cmd, h := startPooled(t)
+	time.Sleep(100 * time.Millisecond) // it waits, with nothing to run
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	in, _ := os.Open(os.DevNull)
+	defer in.Close()
+	err = h.Dispatch(shim.Config{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 5"}, Env: []string{testPath}}, in, w, w)
+	w.Close()
+	if err != nil {
+		t.Fatalf("Dispatch = %v", err)
+	}
+	if rep, err := h.WaitExec(10 * time.Second); rep != nil || err != nil {
+		t.Fatalf("WaitExec = %+v, %v", rep, err)
+	}
+	var out bytes.Buffer
+	out.ReadFrom(r)
+	err = cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 5 || out.String() != "out\nerr\n" {
+		t.Errorf("exit %d (%v), output %q; want 5 and both streams", code, err, out.String())
+	}
+	if err := h.Dispatch(shim.Config{Argv: []string{"true"}}, in, in, in); err == nil {
+		t.Error("a second Dispatch succeeded")
+	}
+}
+
+func TestPooledExecFailureAndNetns(t *testing.T) {
+	needRoot(t)
+	cmd1, h := startPooled(t)
+	in, _ := os.Open(os.DevNull)
+	defer in.Close()
+	if err := h.Dispatch(shim.Config{Argv: []string{"no-such-corral-cmd"}, Env: []string{testPath}, NewNetNS: true, LoopbackUp: true}, in, in, in); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := h.WaitExec(10 * time.Second)
+	if err != nil || rep == nil || !rep.NotFound() {
+		t.Errorf("WaitExec = %+v, %v; want a not-found report", rep, err)
+	}
+	cmd1.Wait()
+
+	cmd, h2 := startPooled(t)
+	r, w, _ := os.Pipe()
+	defer r.Close()
+	if err := h2.Dispatch(shim.Config{Argv: []string{"cat", "/proc/net/dev"}, Env: []string{testPath}, NewNetNS: true, LoopbackUp: true}, in, w, w); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	var out bytes.Buffer
+	out.ReadFrom(r)
+	cmd.Wait()
+	if !strings.Contains(out.String(), "lo:") {
+		t.Errorf("/proc/net/dev in the new netns has no lo:\n%s", out.String())
+	}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if name, _, ok := strings.Cut(strings.TrimSpace(l), ":"); ok && name != "lo" && !strings.Contains(name, "|") {
+			t.Errorf("interface %q visible in the new network namespace", name)
+		}
+	}
+}
+
+func TestPooledCloseWithoutDispatch(t *testing.T) {
+	cmd, h := startPooled(t)
+	h.Close()
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != shim.ExitParentGone {
+		t.Errorf("undispatched pooled shim exit = %d, want %d", code, shim.ExitParentGone)
+	}
+}
