@@ -321,7 +321,17 @@ func startDaemon(t *testing.T, args ...string) *daemon {
 	d.cmd = exec.Command(filepath.Join(binDir, "corrald"), append(all, args...)...)
 	d.cmd.Env = append(os.Environ(), "CORRAL_SECRET_TEST=leak")
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	if err := d.cmd.Start(); err != nil {
+	// A daemon started from a shell or a container entrypoint may inherit
+	// fds without close-on-exec; give it one (its fd 3) so that tests can
+	// check none reaches a child.
+	inherited, err := os.Open(logf.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.ExtraFiles = []*os.File{inherited}
+	err = d.cmd.Start()
+	inherited.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -476,3 +476,33 @@ func TestPathProbesRevealNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestChildGetsNoDaemonFds: the child's only open fds are its stdin,
+// stdout and stderr, even when the daemon itself inherited more (its
+// starter's fds without close-on-exec: startDaemon passes one).
+func TestChildGetsNoDaemonFds(t *testing.T) {
+	d := startDaemon(t)
+	for _, network := range []string{"host", "none"} {
+		rec, out, errs := d.run(users[userA], map[string]any{"argv": []string{"ls", "-l", "/proc/self/fd/"}, "cwd": "/", "network": network})
+		if code := exitCode(t, rec); code != 0 {
+			t.Fatalf("network %s: ls exited %d: %s", network, code, errs)
+		}
+		var extra []string
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(l)
+			if len(f) < 11 || f[0] == "total" {
+				continue
+			}
+			fd, target := f[8], f[len(f)-1]
+			switch {
+			case fd == "0" || fd == "1" || fd == "2":
+			case strings.HasPrefix(target, "/proc/") && strings.HasSuffix(target, "/fd"): // ls reading the directory
+			default:
+				extra = append(extra, fd+" -> "+target)
+			}
+		}
+		if len(extra) > 0 {
+			t.Errorf("network %s: the child inherited fds %q", network, extra)
+		}
+	}
+}
