@@ -506,3 +506,37 @@ func TestChildGetsNoDaemonFds(t *testing.T) {
 		}
 	}
 }
+
+// TestNetworkNoneCannotEscapeThroughDaemon: a network-none child that can
+// reach corrald's socket (its user is in the socket's group) must not get
+// the host's loopback by asking corrald for a network-host execution.
+func TestNetworkNoneCannotEscapeThroughDaemon(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash not installed (needed for /dev/tcp)")
+	}
+	d := startDaemon(t)
+	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	inner := fmt.Sprintf("exec 3<>/dev/tcp/127.0.0.1/%d && echo connected", ln.Addr().(*net.TCPAddr).Port)
+	rec, out, errs := d.run(users[userA], map[string]any{
+		"argv":    []string{filepath.Join(binDir, "corralctl"), "run", "--cwd", "/", "--", "bash", "-c", inner},
+		"cwd":     "/",
+		"network": "none",
+		"env":     map[string]string{"CORRAL_SOCKET": d.socket},
+	})
+	if strings.Contains(out, "connected") {
+		t.Errorf("a network-none child reached the host's loopback through corrald (exit %d): stdout %q stderr %q", exitCode(t, rec), out, errs)
+	}
+}
