@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"time"
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/store"
@@ -78,15 +79,61 @@ func (a *acker) close() {
 // goes on, the store reports itself degraded). Loop goroutine only.
 func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then func(ok bool), outs ...store.Output) {
 	ch := r.store.Transition(from, rec, outs...)
+	r.inflight++
 	r.acks.push(pendingAck{ch: ch, then: func(res store.Result) {
+		r.inflight--
 		if res.Err != nil {
 			r.log.Error().Err(res.Err).Str("exec_id", e.id).Stringer("state", rec.State).
-				Msg("store: transition not durable; the execution stays supervised")
+				Msg("store: transition not durable; the execution stays supervised, the write is retried")
+			r.markDirty(e)
 		}
 		if then != nil {
 			then(res.Err == nil)
 		}
 	}})
+}
+
+// markDirty remembers that e's latest record did not reach the store; it is
+// written again every second until it does (and before shutdown). The
+// store's catch-up rule (stored state <= from) lets the latest record
+// replace whatever older one the store holds. Loop goroutine only.
+func (r *Reactor) markDirty(e *execution) {
+	r.dirty[e] = struct{}{}
+	if r.retry == nil {
+		r.retry = r.loop.AfterFunc(time.Second, r.retryDirty)
+	}
+}
+
+func (r *Reactor) retryDirty() {
+	r.retry = nil
+	for e := range r.dirty {
+		delete(r.dirty, e)
+		rec := r.snapshot(e)
+		var outs []store.Output
+		if e.state == api.StateCleaned {
+			outs = keptForStore(e)
+		}
+		r.persist(e, before(rec.State), rec, func(ok bool) {
+			if ok && e.done && e.state == api.StateCleaned {
+				delete(r.execs, e.id) // durable at last: the store answers for it
+			}
+		}, outs...)
+	}
+}
+
+// before is the state a record in state s was last in, for a catch-up write.
+func before(s api.State) api.State {
+	switch s {
+	case api.StateCleaned:
+		return api.StateExited
+	case api.StateExited:
+		return api.StateCanceling
+	case api.StateCanceling:
+		return api.StateRunning
+	case api.StateRunning:
+		return api.StateStarted
+	}
+	return s
 }
 
 // keptForStore is the kept output of e's streams as the store keeps it.

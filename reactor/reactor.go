@@ -71,13 +71,16 @@ type Reactor struct {
 	loop *eventloop.Loop
 
 	// Loop-goroutine state.
-	execs   map[string]*execution
-	running int
-	perUID  map[uint32]int
-	readBuf []byte
-	reaper  *reaper // nil without Config.Subreaper
-	store   store.Store
-	acks    *acker
+	execs    map[string]*execution
+	running  int
+	perUID   map[uint32]int
+	readBuf  []byte
+	reaper   *reaper // nil without Config.Subreaper
+	store    store.Store
+	acks     *acker
+	inflight int                     // store writes not yet answered
+	dirty    map[*execution]struct{} // latest record not durable yet
+	retry    *eventloop.Timer
 
 	total atomic.Int64
 	// How exits were seen: through the pidfd in the loop, or by the
@@ -139,6 +142,7 @@ func New(cfg Config) (*Reactor, error) {
 		log:     cfg.Log,
 		loop:    loop,
 		execs:   make(map[string]*execution),
+		dirty:   make(map[*execution]struct{}),
 		perUID:  make(map[uint32]int),
 		readBuf: make([]byte, 256<<10),
 	}, nil
@@ -611,7 +615,11 @@ func (r *Reactor) Shutdown(ctx context.Context, drain time.Duration) error {
 	for {
 		var left int
 		_ = r.onLoop(ctx, func() {
-			left = r.running
+			// Done when nothing runs and every record is durable.
+			left = r.running + r.inflight + len(r.dirty)
+			if r.running == 0 && len(r.dirty) > 0 && r.retry == nil {
+				r.retryDirty()
+			}
 			if time.Now().After(deadline) {
 				for _, e := range r.execs {
 					if !e.state.Finished() && e.pending == "" {

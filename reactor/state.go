@@ -63,8 +63,7 @@ type execution struct {
 
 	waiters   map[chan api.Record]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}
-	retire    *eventloop.Timer // drops the record after retention
-	done      bool             // cleaned, and durable: waiters are answered at once
+	done      bool // cleaned, and durable: waiters are answered at once
 }
 
 // transition moves e to next if the state machine allows it.
@@ -282,10 +281,9 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		e.followers = nil
 		if ok {
 			delete(r.execs, e.id)
-		} else if r.cfg.Retention > 0 {
-			// Not durable: keep it in memory for the retention period.
-			e.retire = r.loop.AfterFunc(r.cfg.Retention, func() { delete(r.execs, e.id) })
 		}
+		// Not durable: it stays in memory, answering clients, until a
+		// retry writes it (markDirty).
 	}, keptForStore(e)...)
 }
 

@@ -650,3 +650,50 @@ func cgFieldSet(data []byte, err error) map[string]bool {
 	}
 	return set
 }
+
+var _ Limiter = (*cgroupScope)(nil)
+
+// SetLimits rewrites memory.max (with memory.swap.max 0) and pids.max where
+// those controllers exist; zero fields lift the limit. What cannot be set
+// is reported by Unenforced.
+func (s *cgroupScope) SetLimits(_ context.Context, l Limits) error {
+	write := func(file string, v int64, zeroMeans string) error {
+		val := zeroMeans
+		if v > 0 {
+			val = strconv.FormatInt(v, 10)
+		}
+		if err := cgWrite(s.dir, file, val); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("set %s of %s: %w", file, s.name, err)
+		}
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unenforced = Limits{}
+	if _, err := os.Stat(filepath.Join(s.dir, "memory.max")); err == nil {
+		if err := write("memory.max", l.MemoryBytes, "max"); err != nil {
+			return err
+		}
+		swap := int64(0)
+		if l.MemoryBytes == 0 {
+			swap = -1
+		}
+		if swap == 0 {
+			if err := cgWrite(s.dir, "memory.swap.max", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("set memory.swap.max of %s: %w", s.name, err)
+			}
+		} else if err := write("memory.swap.max", 0, "max"); err != nil {
+			return err
+		}
+	} else {
+		s.unenforced.MemoryBytes = l.MemoryBytes
+	}
+	if _, err := os.Stat(filepath.Join(s.dir, "pids.max")); err == nil {
+		if err := write("pids.max", l.TasksMax, "max"); err != nil {
+			return err
+		}
+	} else {
+		s.unenforced.TasksMax = l.TasksMax
+	}
+	return nil
+}

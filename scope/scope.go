@@ -100,5 +100,13 @@ type Scope interface {
 	Remove() error
 }
 
+// Limiter is implemented by scopes whose limits can change after Started
+// (systemd: SetUnitProperties; cgroup: memory.max, pids.max). The warm pool
+// creates scopes before it knows the request, then applies its limits this
+// way before the command runs. Blocking.
+type Limiter interface {
+	SetLimits(ctx context.Context, l Limits) error
+}
+
 // ErrUnsupported is returned by a backend that cannot run on this host.
 var ErrUnsupported = errors.New("scope backend not supported on this host")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -768,4 +769,36 @@ func (b *systemdBackend) CleanLeftovers(ctx context.Context) ([]string, error) {
 		names = append(names, u.Name)
 	}
 	return names, errors.Join(errs...)
+}
+
+var _ Limiter = (*systemdScope)(nil)
+
+// SetLimits changes the running unit's TasksMax and MemoryMax (the pool's
+// scopes are created before the request is known). Zero fields lift the
+// limit.
+func (s *systemdScope) SetLimits(ctx context.Context, l Limits) error {
+	tasks, mem, swap := uint64(math.MaxUint64), uint64(math.MaxUint64), uint64(math.MaxUint64)
+	if l.TasksMax > 0 {
+		tasks = uint64(max(l.TasksMax, sdMinTasks))
+	}
+	if l.MemoryBytes > 0 {
+		mem, swap = uint64(l.MemoryBytes), 0
+	}
+	props := []sddbus.Property{
+		{Name: "TasksMax", Value: dbus.MakeVariant(tasks)},
+		{Name: "MemoryMax", Value: dbus.MakeVariant(mem)},
+		{Name: "MemorySwapMax", Value: dbus.MakeVariant(swap)},
+	}
+	ctx, cancel := s.b.bound(ctx)
+	defer cancel()
+	err := s.b.call(ctx, func(c *sddbus.Conn) error {
+		return c.SetUnitPropertiesContext(ctx, s.unit, true, props...)
+	})
+	if err != nil {
+		return fmt.Errorf("set limits of %s: %w", s.unit, err)
+	}
+	s.mu.Lock()
+	s.limits.TasksMax, s.limits.MemoryBytes = l.TasksMax, l.MemoryBytes
+	s.mu.Unlock()
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -60,6 +61,25 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		checks["no_new_privs"] = "ok"
 	}
 
+	if err := os.MkdirAll(c.stateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
+	}
+	if err := os.Chmod(c.stateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
+	}
+
+	// The store first: opening it takes the state directory's lock, so a
+	// second corrald stops here, before it could touch the first one's
+	// scopes.
+	st, err := store.Open(c.stateDir, log)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			log.Error().Err(err).Msg("close store")
+		}
+	}()
 	backend, err := chooseBackend(ctx, c, host, log)
 	if err != nil {
 		return err
@@ -78,28 +98,14 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		}
 	}
 
-	if err := os.MkdirAll(c.stateDir, 0o700); err != nil {
-		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
-	}
-	if err := os.Chmod(c.stateDir, 0o700); err != nil {
-		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
-	}
-
-	// The store: every execution's record, durable across restarts.
 	// Records an earlier run left unfinished are settled before anything
-	// new starts: running ones are lost (their scopes were killed above),
-	// and their workspaces go.
-	st, err := store.Open(c.stateDir, log)
-	if err != nil {
-		return fmt.Errorf("open store: %w", err)
-	}
-	defer func() {
-		if err := st.Close(); err != nil {
-			log.Error().Err(err).Msg("close store")
-		}
-	}()
+	// new starts: running ones are lost (their scopes were killed above, or
+	// by path below), and their workspaces go.
 	workDir := filepath.Join(c.stateDir, "work")
 	n, err := store.Recover(st, log, time.Now(), func(rec api.Record) error {
+		if err := killCgroupPath(host, rec.Scope); err != nil {
+			return err
+		}
 		if err := os.RemoveAll(filepath.Join(workDir, rec.ID)); err != nil {
 			return fmt.Errorf("remove workspace: %w", err)
 		}
@@ -318,4 +324,37 @@ func removeStaleSocket(path string) error {
 		return fmt.Errorf("socket %s: another corrald is listening", path)
 	}
 	return os.Remove(path)
+}
+
+// killCgroupPath kills and removes a cgroup v2 scope left by an earlier run
+// under a cgroup base other than this run's (the leftover cleaner covers
+// its own base and every corral-*.scope unit). scope is the record's
+// cgroup path relative to the cgroup2 root; other scope kinds are left to
+// the leftover cleaner.
+func killCgroupPath(host scope.Host, name string) error {
+	if !strings.HasPrefix(name, "/") || host.Cgroup2Mount == "" || strings.Contains(name, "..") {
+		return nil
+	}
+	dir := filepath.Join(host.Cgroup2Mount, name)
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err != nil {
+		return nil // gone already
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+		return fmt.Errorf("kill leftover cgroup %s: %w", name, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ev, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+		if err != nil || strings.Contains(string(ev), "populated 0") {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("leftover cgroup %s still populated 5s after cgroup.kill", name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove leftover cgroup %s: %w", name, err)
+	}
+	return nil
 }
