@@ -42,26 +42,32 @@ func TestOtherUsersExecutionIsInvisible(t *testing.T) {
 			{"exec.output", map[string]any{"id": id, "stream": "stdout"}},
 		}
 	}
-	got := d.as(a, attempts(victim.ID)...)
+	// B's finished execution too: cleaned records may be served from the
+	// store rather than memory.
+	done, _, _ := d.run(b, map[string]any{"argv": []string{"echo", "B's output"}, "cwd": "/"})
 	missing := d.as(a, attempts("no-such-execution")...)
-	for i, rep := range got {
-		if rep.Code != api.CodeNotFound {
-			t.Errorf("%s of B's execution as A: code %d (%q, result %s), want %d", rep.Method, rep.Code, rep.Message, rep.Result, api.CodeNotFound)
-			continue
-		}
-		if rep.Message != missing[i].Message {
-			t.Errorf("%s of B's execution as A: message %q differs from a missing id's %q", rep.Method, rep.Message, missing[i].Message)
+	for _, v := range []struct {
+		what, id string
+	}{{"running", victim.ID}, {"cleaned", done.ID}} {
+		for i, rep := range d.as(a, attempts(v.id)...) {
+			if rep.Code != api.CodeNotFound {
+				t.Errorf("%s of B's %s execution as A: code %d (%q, result %.200s), want %d", rep.Method, v.what, rep.Code, rep.Message, rep.Result, api.CodeNotFound)
+				continue
+			}
+			if rep.Message != missing[i].Message {
+				t.Errorf("%s of B's %s execution as A: message %q differs from a missing id's %q", rep.Method, v.what, rep.Message, missing[i].Message)
+			}
 		}
 	}
 
-	if ids := d.listIDs(a); slices.Contains(ids, victim.ID) || !slices.Contains(ids, mine.ID) {
-		t.Errorf("exec.list as A = %v, want A's %s and not B's %s", ids, mine.ID, victim.ID)
+	if ids := d.listIDs(a); slices.Contains(ids, victim.ID) || slices.Contains(ids, done.ID) || !slices.Contains(ids, mine.ID) {
+		t.Errorf("exec.list as A = %v, want A's %s and not B's %s, %s", ids, mine.ID, victim.ID, done.ID)
 	}
-	if ids := d.listIDs(b); !slices.Contains(ids, victim.ID) || slices.Contains(ids, mine.ID) {
-		t.Errorf("exec.list as B = %v, want B's %s and not A's %s", ids, victim.ID, mine.ID)
+	if ids := d.listIDs(b); !slices.Contains(ids, victim.ID) || !slices.Contains(ids, done.ID) || slices.Contains(ids, mine.ID) {
+		t.Errorf("exec.list as B = %v, want B's %s, %s and not A's %s", ids, victim.ID, done.ID, mine.ID)
 	}
-	if ids := d.listIDs(nil); !slices.Contains(ids, victim.ID) || !slices.Contains(ids, mine.ID) {
-		t.Errorf("exec.list as root = %v, want both %s and %s", ids, victim.ID, mine.ID)
+	if ids := d.listIDs(nil); !slices.Contains(ids, victim.ID) || !slices.Contains(ids, mine.ID) || !slices.Contains(ids, done.ID) {
+		t.Errorf("exec.list as root = %v, want all of %s, %s, %s", ids, victim.ID, mine.ID, done.ID)
 	}
 
 	// None of A's attempts reached B's execution.
