@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -545,4 +546,50 @@ func TestNetworkNoneCannotEscapeThroughDaemon(t *testing.T) {
 	if strings.Contains(out, "connected") {
 		t.Errorf("a network-none child reached the host's loopback through corrald (exit %d): stdout %q stderr %q", exitCode(t, rec), out, errs)
 	}
+}
+
+// TestSocketOnlyForItsGroup: the socket is 0660 with the configured group,
+// the state directory 0700; a user's process without the group cannot
+// connect at all.
+func TestSocketOnlyForItsGroup(t *testing.T) {
+	d := startDaemon(t)
+	a := users[userA]
+	for _, f := range []struct {
+		path string
+		mode os.FileMode
+	}{{d.socket, 0o660}, {d.state, 0o700}} {
+		fi, err := os.Stat(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != f.mode {
+			t.Errorf("%s mode = %o, want %o", f.path, got, f.mode)
+		}
+	}
+	fi, _ := os.Stat(d.socket)
+	g, err := lookupGroupID(socketGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Gid != g {
+		t.Errorf("socket group = %d, want %s (%d)", st.Gid, socketGroup, g)
+	}
+
+	cmd := exec.Command(testBin)
+	cmd.Dir = "/"
+	cmd.Env = []string{clientModeEnv + "=1", callsEnv + `=[{"method":"daemon.info"}]`, socketEnv + "=" + d.socket}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: a.uid, Gid: a.gid, Groups: []uint32{}}}
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "permission denied") {
+		t.Errorf("%s without group %s: err %v, output %q; want permission denied", a.name, socketGroup, err, out)
+	}
+}
+
+func lookupGroupID(name string) (uint32, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("look up group %s: %w", name, err)
+	}
+	n, err := strconv.ParseUint(g.Gid, 10, 32)
+	return uint32(n), err
 }
