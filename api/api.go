@@ -309,6 +309,16 @@ type Info struct {
 	StateDir string            `json:"state_dir,omitempty"`
 	Store    string            `json:"store,omitempty"` // "ok", "degraded: ...", "memory"
 	Checks   map[string]string `json:"checks,omitempty"`
+	Pool     *PoolInfo         `json:"pool,omitempty"`
+}
+
+// PoolInfo describes the warm pool of shims waiting in their scopes.
+type PoolInfo struct {
+	Size    int     `json:"size"`     // target number of waiting shims
+	Idle    int     `json:"idle"`     // waiting now
+	Hits    int64   `json:"hits"`     // exec.start served by a waiting shim
+	Misses  int64   `json:"misses"`   // exec.start that found the pool empty
+	HitRate float64 `json:"hit_rate"` // hits / (hits + misses)
 }
 
 // Code is a JSON-RPC error code.

@@ -57,6 +57,9 @@ type Config struct {
 	// under a PID 1 that does not reap. The daemon sets it; it changes the
 	// whole process.
 	Subreaper bool
+	// PoolSize is how many shims wait, already in scopes of their own, for
+	// commands (0: no pool; every exec.start creates its scope inline).
+	PoolSize int
 	// Store keeps records durable; nil means an in-memory store.
 	Store store.Store
 	// Info is filled into daemon.info (version, backend details, checks).
@@ -81,6 +84,7 @@ type Reactor struct {
 	inflight int                     // store writes not yet answered
 	dirty    map[*execution]struct{} // latest record not durable yet
 	retry    *eventloop.Timer
+	pool     *pool // nil without Config.PoolSize
 
 	total atomic.Int64
 	// How exits were seen: through the pidfd in the loop, or by the
@@ -134,7 +138,7 @@ func New(cfg Config) (*Reactor, error) {
 	if st == nil {
 		st = store.NewMemory()
 	}
-	return &Reactor{
+	r := &Reactor{
 		store:   st,
 		acks:    newAcker(),
 		reaper:  rp,
@@ -145,13 +149,18 @@ func New(cfg Config) (*Reactor, error) {
 		dirty:   make(map[*execution]struct{}),
 		perUID:  make(map[uint32]int),
 		readBuf: make([]byte, 256<<10),
-	}, nil
+	}
+	if cfg.PoolSize > 0 {
+		r.pool = newPool(r, cfg.PoolSize)
+	}
+	return r, nil
 }
 
 // Run drives the loop on the calling goroutine until ctx ends.
 func (r *Reactor) Run(ctx context.Context) error {
 	defer r.reaper.close()
 	defer r.loop.Close()
+	defer r.pool.close()
 	go r.acks.run(r.post)
 	defer r.acks.close()
 	return r.loop.Run(ctx)
@@ -604,6 +613,13 @@ func (r *Reactor) Info(ctx context.Context) (api.Info, error) {
 	info.Running = int(r.runningAt.Load())
 	info.Total = r.total.Load()
 	info.Store = store.Status(r.store)
+	if r.pool != nil {
+		pi := &api.PoolInfo{Size: r.pool.size, Idle: r.pool.idleCount(), Hits: r.pool.hits.Load(), Misses: r.pool.misses.Load()}
+		if n := pi.Hits + pi.Misses; n > 0 {
+			pi.HitRate = float64(pi.Hits) / float64(n)
+		}
+		info.Pool = pi
+	}
 	return info, nil
 }
 

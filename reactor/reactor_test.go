@@ -735,3 +735,68 @@ func TestRedactedOutput(t *testing.T) {
 		}
 	}
 }
+
+func TestWarmPool(t *testing.T) {
+	tr := newTestReactor(t, func(c *Config) { c.PoolSize = 2 })
+	waitIdle := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for tr.pool.idleCount() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("pool has %d idle shims, want %d", tr.pool.idleCount(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitIdle(2)
+	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "echo pooled $0; echo err >&2; exit 6"}, Stdin: []byte("x")})
+	if rec.ExitCode == nil || *rec.ExitCode != 6 || tr.stdout(rec.ID) != "pooled sh\n" || rec.Stderr.TotalBytes != 4 {
+		t.Errorf("pooled run: exit %v stdout %q stderr %d bytes", rec.ExitCode, tr.stdout(rec.ID), rec.Stderr.TotalBytes)
+	}
+	waitIdle(2)
+	rec = tr.run(api.StartParams{Argv: []string{"cat"}, Stdin: []byte("through the pool")})
+	if got := tr.stdout(rec.ID); got != "through the pool" {
+		t.Errorf("stdin through a pooled shim: %q", got)
+	}
+	waitIdle(1)
+	rec = tr.run(api.StartParams{Argv: []string{"no-such-corral-cmd"}})
+	if outcome(rec) != api.OutcomeStartFailed || rec.StartErrno != "ENOENT" {
+		t.Errorf("pooled start failure: %v %q", outcome(rec), rec.StartErrno)
+	}
+	waitIdle(1)
+	rec = tr.run(api.StartParams{Argv: []string{"sleep", "10"}, TimeoutMS: 200, GraceMS: 100})
+	if outcome(rec) != api.OutcomeTimeout {
+		t.Errorf("pooled timeout: %v", outcome(rec))
+	}
+	info, _ := tr.Info(context.Background())
+	if info.Pool == nil || info.Pool.Hits < 3 || info.Pool.Size != 2 {
+		t.Errorf("daemon.info pool = %+v, want >= 3 hits of size 2 (the missing command fails before the pool)", info.Pool)
+	}
+}
+
+func TestWarmPoolNetworkNoneAndUser(t *testing.T) {
+	state := t.TempDir()
+	os.Chmod(state, 0o700)
+	tr := newTestReactor(t, func(c *Config) { c.PoolSize = 1; c.StateDir = state })
+	deadline := time.Now().Add(10 * time.Second)
+	for tr.pool.idleCount() < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	rec := tr.run(api.StartParams{Argv: []string{self(t)}, Env: map[string]string{"CORRAL_TEST_HELPER": "loopback"}, Network: "none"})
+	if rec.ExitCode == nil || *rec.ExitCode != 0 {
+		t.Errorf("loopback in a pooled shim's new netns: exit %v, %q", rec.ExitCode, tr.stdout(rec.ID))
+	}
+	for tr.pool.idleCount() < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	nobody := api.Owner{UID: 65534, GID: 65534, PID: 1}
+	rec, err := tr.Start(context.Background(), nobody, api.StartParams{Argv: []string{"sh", "-c", "id -u; pwd"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ = tr.Wait(context.Background(), nobody, api.WaitParams{ID: rec.ID})
+	out, _ := tr.Output(context.Background(), nobody, api.OutputParams{ID: rec.ID})
+	if want := "65534\n" + filepath.Join(state, "work", rec.ID) + "\n"; string(out.Data) != want {
+		t.Errorf("pooled run as nobody: %q, want %q (error %v)", out.Data, want, rec.Error)
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/shim"
 )
@@ -119,6 +120,40 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		sp.stdin = fds[1]
 	}
 
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 || ra.uid != uint32(os.Geteuid()) || ra.gid != uint32(os.Getegid()) {
+		// As root, always set the identity: it also replaces the daemon's
+		// own supplementary groups with the user's.
+		cred = &syscall.Credential{Uid: ra.uid, Gid: ra.gid, Groups: ra.groups}
+	}
+	limits := scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS}
+
+	// The warm pool: a shim already in its own scope takes the command.
+	if pe := r.pool.take(); pe != nil {
+		cfg := shimConfig(p, env, dir, sp.work != "", cred)
+		cfg.NewNetNS = p.Network == "none"
+		if xerr, ok := r.dispatchPooled(pe, cfg, limits, stdin, outW, errW); ok {
+			closeChild()
+			sp.proc, sp.sc, sp.pidfd = pe.cmd.Process, pe.sc, pe.pidfd
+			if xerr != nil {
+				_, _ = pe.cmd.Process.Wait() // the shim exits right after its report
+				r.reaper.reaped(pe.cmd.Process.Pid)
+				if sp.pidfd >= 0 {
+					unix.Close(sp.pidfd)
+					sp.pidfd = -1
+				}
+				sp.proc = nil
+				sp.closeFds()
+				if rerr := pe.sc.Remove(); rerr != nil {
+					r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove pool scope after failed exec")
+				}
+				sp.sc = nil
+				return fail(xerr)
+			}
+			return sp
+		}
+	}
+
 	cmd := &exec.Cmd{
 		Path:   path,
 		Args:   p.Argv,
@@ -134,11 +169,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	if stdin == nil {
 		cmd.Stdin = nil // /dev/null
 	}
-	if os.Geteuid() == 0 || ra.uid != uint32(os.Geteuid()) || ra.gid != uint32(os.Getegid()) {
-		// As root, always set the identity: it also replaces the daemon's
-		// own supplementary groups with the user's.
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: ra.uid, Gid: ra.gid, Groups: ra.groups}
-	}
+	cmd.SysProcAttr.Credential = cred
 	if p.Network == "none" {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
@@ -151,19 +182,9 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	// (it changes the credentials first, then the directory).
 	dropInto := sp.work != "" && cmd.SysProcAttr.Credential != nil && cmd.SysProcAttr.Credential.Uid != 0
 	if hold := r.cfg.Backend.Name() == "systemd"; hold || p.Network == "none" || dropInto {
-		cfg := shim.Config{
-			Argv: p.Argv, Env: env, Dir: dir, Hold: hold,
-			LoopbackUp: p.Network == "none", NoNewPrivs: true,
-			EnterDirAsRoot: sp.work != "",
-		}
-		if c := cmd.SysProcAttr.Credential; c != nil {
-			cfg.SetCreds, cfg.UID, cfg.GID, cfg.Groups = true, c.Uid, c.Gid, c.Groups
-			cmd.SysProcAttr.Credential = nil // the shim drops privileges itself, last
-		}
-		if p.CPUMS > 0 {
-			secs := uint64((p.CPUMS + 999) / 1000)
-			cfg.Rlimits = append(cfg.Rlimits, shim.Rlimit{Resource: unix.RLIMIT_CPU, Cur: secs, Max: secs + 1})
-		}
+		cfg := shimConfig(p, env, dir, sp.work != "", cred)
+		cfg.Hold = hold
+		cmd.SysProcAttr.Credential = nil // the shim drops privileges itself, last
 		if sh, err = shim.Wrap(cmd, cfg); err != nil {
 			closeChild()
 			sp.closeFds()
@@ -175,8 +196,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sc, err := r.cfg.Backend.Prepare(ctx, scope.Spec{
-		ID: e.id, Argv: p.Argv, Cmd: cmd, Shim: sh,
-		Limits: scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS},
+		ID: e.id, Argv: p.Argv, Cmd: cmd, Shim: sh, Limits: limits,
 	})
 	if err != nil {
 		closeChild()
@@ -451,4 +471,21 @@ func removeWorkspace(dir string) error {
 		return nil
 	})
 	return os.RemoveAll(dir)
+}
+
+// shimConfig is what a shim needs to set up and exec the request.
+func shimConfig(p api.StartParams, env []string, dir string, workspace bool, cred *syscall.Credential) shim.Config {
+	cfg := shim.Config{
+		Argv: p.Argv, Env: env, Dir: dir,
+		LoopbackUp: p.Network == "none", NoNewPrivs: true,
+		EnterDirAsRoot: workspace,
+	}
+	if cred != nil {
+		cfg.SetCreds, cfg.UID, cfg.GID, cfg.Groups = true, cred.Uid, cred.Gid, cred.Groups
+	}
+	if p.CPUMS > 0 {
+		secs := uint64((p.CPUMS + 999) / 1000)
+		cfg.Rlimits = append(cfg.Rlimits, shim.Rlimit{Resource: unix.RLIMIT_CPU, Cur: secs, Max: secs + 1})
+	}
+	return cfg
 }

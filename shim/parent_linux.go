@@ -46,6 +46,7 @@ type Handle struct {
 	errR     int      // -1 after Close; O_NONBLOCK|O_CLOEXEC
 
 	held     bool
+	pooled   bool // WrapPooled: held until Dispatch, Release is a no-op
 	released bool
 	closed   bool
 }
@@ -188,7 +189,7 @@ func (h *Handle) Release() error {
 	if h.closed {
 		return ErrClosed
 	}
-	if !h.held || h.released {
+	if !h.held || h.released || h.pooled {
 		return nil
 	}
 	if h.releaseW == nil {
@@ -215,6 +216,10 @@ func (h *Handle) Abort() {
 	if h.releaseW != nil {
 		h.releaseW.Close()
 		h.releaseW = nil
+	}
+	if h.dispatch != nil {
+		h.dispatch.Close()
+		h.dispatch = nil
 	}
 	// Also drop the parent's copy of the read end, so that a child that was
 	// never started cannot keep anything open.

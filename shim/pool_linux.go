@@ -32,7 +32,8 @@ func WrapPooled(cmd *exec.Cmd) (*Handle, error) {
 	if len(cmd.ExtraFiles) != 0 {
 		return nil, errors.New("shim: wrap pooled: command has ExtraFiles")
 	}
-	h := &Handle{errR: -1}
+	// Held: it runs nothing until Dispatch; a backend's Release is a no-op.
+	h := &Handle{errR: -1, held: true, pooled: true}
 	ok := false
 	defer func() {
 		if !ok {

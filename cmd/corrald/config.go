@@ -37,6 +37,7 @@ type config struct {
 	defOutput    int64
 	sampleEvery  time.Duration
 	watchdogTick time.Duration
+	poolSize     int
 }
 
 var errHelpShown = errors.New("help shown")
@@ -68,6 +69,7 @@ func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.defTasks, "default-tasks-max", 256, "exec.start tasks_max default")
 	fs.Int64Var(&c.defOutput, "default-output-limit", 262144, "exec.start output_limit_bytes default")
 	fs.DurationVar(&c.sampleEvery, "sample-interval", 100*time.Millisecond, "how often cgroup counters are sampled for cpu_ms and OOM")
+	fs.IntVar(&c.poolSize, "pool-size", 4, "shims kept waiting in scopes of their own for the next commands (0: create each scope inline)")
 	fs.DurationVar(&c.watchdogTick, "watchdog-interval", 0, "override the watchdog ping interval (default: half of WatchdogSec)")
 	return fs
 }

@@ -156,6 +156,7 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		MaxPerUID:      c.maxPerUID,
 		Subreaper:      true,
 		Store:          st,
+		PoolSize:       c.poolSize,
 		Info: api.Info{
 			Version: version, Pidfd: host.Pidfd, Cgroup: host.CgroupMode, Kernel: host.Kernel,
 			Socket: ln.Addr().String(), StateDir: c.stateDir, Checks: checks,

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/ipc"
 )
 
@@ -80,7 +81,7 @@ func TestKillNineThenRestart(t *testing.T) {
 			t.Fatalf("sleep: exec.start = state %v pid %d, want running with a pid", rec.State, rec.PID)
 		}
 		runs = append(runs, running{name: "sleep", id: rec.ID, procs: []proc{watch(t, rec.PID)},
-			cgroup: filepath.Join(e.base, rec.ID)})
+			cgroup: scopeDir(rec)})
 	}
 	{
 		script := `echo $$; sleep 1000 & echo $!; echo data > file; sleep 1000`
@@ -95,7 +96,7 @@ func TestKillNineThenRestart(t *testing.T) {
 			t.Errorf("workspace = %s, want %s", *rec.Workspace, want)
 		}
 		pids := pidsFromOutput(t, c, rec.ID, 2)
-		r := running{name: "sh with background child", id: rec.ID, cgroup: filepath.Join(e.base, rec.ID), workspace: *rec.Workspace}
+		r := running{name: "sh with background child", id: rec.ID, cgroup: scopeDir(rec), workspace: *rec.Workspace}
 		for _, pid := range pids {
 			r.procs = append(r.procs, watch(t, pid))
 		}
@@ -110,7 +111,7 @@ func TestKillNineThenRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := running{name: "canceling", id: rec.ID, procs: []proc{watch(t, rec.PID)}, cgroup: filepath.Join(e.base, rec.ID)}
+		r := running{name: "canceling", id: rec.ID, procs: []proc{watch(t, rec.PID)}, cgroup: scopeDir(rec)}
 		pidsFromOutput(t, c, rec.ID, 1) // the trap is set
 		if rec, err = c.Cancel(ctx(t), api.CancelParams{ID: rec.ID, Reason: "test"}); err != nil {
 			t.Fatal(err)
@@ -447,7 +448,7 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		runs = append(runs, run{name: tc.name, id: rec.ID, p: watch(t, rec.PID), cgroup: filepath.Join(e.base, rec.ID)})
+		runs = append(runs, run{name: tc.name, id: rec.ID, p: watch(t, rec.PID), cgroup: scopeDir(rec)})
 	}
 
 	began := time.Now()
@@ -542,7 +543,7 @@ func TestFullDiskRefusesNewWorkButKeepsSupervising(t *testing.T) {
 	if p.alive() {
 		t.Errorf("pid %d still runs after its timeout", p.pid)
 	}
-	if exists(filepath.Join(e.base, long.ID)) {
+	if exists(scopeDir(long)) {
 		t.Errorf("cgroup of the timed-out execution still exists")
 	}
 	info, err := c.Info(ctx(t))
@@ -792,7 +793,7 @@ func TestRestartWithAnotherCgroupBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := watch(t, rec.PID)
-	cgroup := filepath.Join(e.base, rec.ID)
+	cgroup := scopeDir(rec)
 	d1.kill9()
 
 	oldBase := e.base
@@ -814,4 +815,11 @@ func TestRestartWithAnotherCgroupBase(t *testing.T) {
 		t.Errorf("record %s says cleaned (scope %s) but pid %d alive %v, cgroup %s exists %v",
 			rec.ID, got.Scope, p.pid, p.alive(), cgroup, exists(cgroup))
 	}
+}
+
+// scopeDir is the cgroup directory that held rec's tree: the record's scope
+// is its path under the cgroup2 root (a warm-pool scope has its own name,
+// not the execution id).
+func scopeDir(rec api.Record) string {
+	return filepath.Join(scope.Detect().Cgroup2Mount, rec.Scope)
 }

@@ -1,0 +1,286 @@
+package reactor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/shim"
+)
+
+// pool keeps shims already started and placed in scopes of their own, each
+// waiting for a command. Creating a scope costs a D-Bus round trip and a
+// systemd job under the systemd backend, and forking corrald costs a few
+// milliseconds anywhere; the pool pays both ahead of time, off the hot path,
+// so exec.start only applies the request's limits, hands the command and
+// its stdio to a waiting shim, and waits for its exec.
+//
+// Ownership: one refill goroutine creates entries and discards dead ones;
+// take may be called from any goroutine. An entry taken belongs to the
+// caller, which dispatches it or discards it.
+type pool struct {
+	r    *Reactor
+	size int
+
+	mu   sync.Mutex
+	idle []*pooled
+
+	hits, misses atomic.Int64
+	wake         chan struct{}
+	stop         chan struct{}
+	done         chan struct{}
+}
+
+// pooled is one waiting shim in its scope.
+type pooled struct {
+	id    string // the scope's id: "pool-<uuid>"
+	cmd   *exec.Cmd
+	h     *shim.Handle
+	sc    scope.Scope
+	pidfd int // -1 without pidfds
+}
+
+func newPool(r *Reactor, size int) *pool {
+	p := &pool{r: r, size: size, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go p.run()
+	return p
+}
+
+// take returns a waiting entry, or nil when the pool is empty (the caller
+// then creates a scope inline). Either way the pool refills in the
+// background.
+func (p *pool) take() *pooled {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	var e *pooled
+	if n := len(p.idle); n > 0 {
+		e = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+	}
+	p.mu.Unlock()
+	if e == nil {
+		p.misses.Add(1)
+	} else {
+		p.hits.Add(1)
+	}
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return e
+}
+
+func (p *pool) idleCount() int {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
+}
+
+func (p *pool) run() {
+	defer close(p.done)
+	check := time.NewTicker(time.Second)
+	defer check.Stop()
+	failures := 0
+	for {
+		// Fill up, one entry at a time, so a stop is noticed quickly.
+		for p.idleCount() < p.size {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			e, err := p.create()
+			if err != nil {
+				failures++
+				p.r.log.Warn().Err(err).Int("failures", failures).Msg("pool: create entry")
+				// Back off; exec.start still works inline meanwhile.
+				select {
+				case <-p.stop:
+					return
+				case <-time.After(time.Duration(min(failures, 10)) * 500 * time.Millisecond):
+				}
+				continue
+			}
+			failures = 0
+			p.mu.Lock()
+			p.idle = append(p.idle, e)
+			p.mu.Unlock()
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-p.wake:
+		case <-check.C:
+			p.replaceDead()
+		}
+	}
+}
+
+// create starts a pooled shim in a new scope.
+func (p *pool) create() (*pooled, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e := &pooled{id: "pool-" + newID(time.Now()), pidfd: -1}
+	e.cmd = &exec.Cmd{SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
+	h, err := shim.WrapPooled(e.cmd)
+	if err != nil {
+		return nil, err
+	}
+	e.h = h
+	sc, err := p.r.cfg.Backend.Prepare(ctx, scope.Spec{
+		ID: e.id, Argv: []string{"(corral pool)"}, Cmd: e.cmd, Shim: h,
+		Limits: scope.Limits{TasksMax: p.r.cfg.Defaults.TasksMax},
+	})
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("prepare pool scope: %w", err)
+	}
+	e.sc = sc
+	err = p.r.reaper.fork(func() (int, error) {
+		if err := e.cmd.Start(); err != nil {
+			return 0, err
+		}
+		return e.cmd.Process.Pid, nil
+	})
+	h.CloseChildEnds()
+	if err != nil {
+		h.Close()
+		_ = sc.Remove()
+		return nil, fmt.Errorf("start pool shim: %w", err)
+	}
+	if !p.r.cfg.NoPidfd {
+		e.pidfd = dupPidfd(e.cmd.Process)
+	}
+	if err := sc.Started(ctx, e.cmd.Process.Pid); err != nil {
+		p.discard(e)
+		return nil, fmt.Errorf("place pool shim: %w", err)
+	}
+	return e, nil
+}
+
+// discard ends an entry that will not run a command: the shim exits when
+// its dispatch socket closes; it is reaped here and its scope removed.
+func (p *pool) discard(e *pooled) {
+	e.h.Close()
+	_ = e.cmd.Process.Kill()
+	_, _ = e.cmd.Process.Wait()
+	p.r.reaper.reaped(e.cmd.Process.Pid)
+	if e.pidfd >= 0 {
+		unix.Close(e.pidfd)
+		e.pidfd = -1
+	}
+	if err := e.sc.Kill(); err != nil {
+		p.r.log.Debug().Err(err).Str("scope", e.sc.Name()).Msg("pool: kill discarded scope")
+	}
+	for i := 0; i < 100; i++ {
+		if empty, _ := e.sc.Empty(); empty {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := e.sc.Remove(); err != nil {
+		p.r.log.Warn().Err(err).Str("scope", e.sc.Name()).Msg("pool: remove discarded scope")
+	}
+}
+
+// replaceDead drops idle entries whose shim died (killed by someone, OOM);
+// the fill loop replaces them.
+func (p *pool) replaceDead() {
+	p.mu.Lock()
+	var dead []*pooled
+	alive := p.idle[:0]
+	for _, e := range p.idle {
+		if e.exited() {
+			dead = append(dead, e)
+		} else {
+			alive = append(alive, e)
+		}
+	}
+	p.idle = alive
+	p.mu.Unlock()
+	for _, e := range dead {
+		p.r.log.Warn().Str("scope", e.sc.Name()).Msg("pool: waiting shim died; replacing it")
+		p.discard(e)
+	}
+}
+
+// exited reports whether the shim has exited, without reaping it.
+func (e *pooled) exited() bool {
+	if e.pidfd >= 0 {
+		fds := []unix.PollFd{{Fd: int32(e.pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err == nil && n > 0
+	}
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, e.cmd.Process.Pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	return err == nil && info.Signo != 0
+}
+
+// close stops refilling and discards the idle entries.
+func (p *pool) close() {
+	if p == nil {
+		return
+	}
+	close(p.stop)
+	<-p.done
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, e := range idle {
+		p.discard(e)
+	}
+}
+
+// dispatchPooled runs cfg in a pooled shim: it applies the request's
+// limits to the entry's scope, hands over the command and its stdio, and
+// waits for the exec. On failure before the command could run, the entry
+// is discarded and ok is false: the caller starts inline instead. A failed
+// exec is a failed start, reported in xerr.
+func (r *Reactor) dispatchPooled(e *pooled, cfg shim.Config, lim scope.Limits, stdin, stdout, stderr *os.File) (xerr *shim.ExecError, ok bool) {
+	if l, can := e.sc.(scope.Limiter); can && (lim.MemoryBytes != 0 || lim.TasksMax != r.cfg.Defaults.TasksMax) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := l.SetLimits(ctx, lim)
+		cancel()
+		if err != nil {
+			r.log.Warn().Err(err).Str("scope", e.sc.Name()).Msg("pool: set limits; starting inline")
+			r.pool.discard(e)
+			return nil, false
+		}
+	}
+	devnull := stdin
+	if devnull == nil {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			r.pool.discard(e)
+			return nil, false
+		}
+		defer f.Close()
+		devnull = f
+	}
+	if err := e.h.Dispatch(cfg, devnull, stdout, stderr); err != nil {
+		r.log.Warn().Err(err).Str("scope", e.sc.Name()).Msg("pool: dispatch; starting inline")
+		r.pool.discard(e)
+		return nil, false
+	}
+	rep, err := e.h.WaitExec(30 * time.Second)
+	e.h.Close()
+	if err != nil {
+		_ = e.cmd.Process.Kill()
+		rep = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("pooled shim did not exec: %v", err)}
+	}
+	return rep, true
+}
