@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
-	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/scope"
 )
 
 // seqOutput is what `seq 1 n` prints.
