@@ -291,6 +291,29 @@ type daemon struct {
 	dir    string
 	socket string
 	state  string
+	pooled bool // run must see a warm shim take each command
+}
+
+// spawnPaths are the two ways corrald starts a command, which must be
+// equally safe: inline (scope made per exec.start, the shim only where
+// needed) and through a warm shim already waiting in a scope of its own.
+var spawnPaths = []struct {
+	name string
+	args []string
+}{
+	{"inline", []string{"--pool-size", "0"}},
+	{"pool", []string{"--pool-size", "2"}},
+}
+
+// forEachSpawnPath runs f as a subtest against a daemon of each spawn path.
+func forEachSpawnPath(t *testing.T, f func(t *testing.T, d *daemon)) {
+	for _, sp := range spawnPaths {
+		t.Run(sp.name, func(t *testing.T) {
+			d := startDaemon(t, sp.args...)
+			d.pooled = sp.name == "pool"
+			f(t, d)
+		})
+	}
 }
 
 // startDaemon runs corrald with args added to the test's own, and
@@ -415,6 +438,17 @@ func (d *daemon) as(u *testUser, calls ...call) []reply {
 // and its stdout and stderr.
 func (d *daemon) run(u *testUser, p map[string]any) (api.Record, string, string) {
 	d.t.Helper()
+	var hits int64
+	if d.pooled {
+		hits = d.waitPool()
+	}
+	defer func() {
+		if d.pooled {
+			if info := d.info(); info.Pool == nil || info.Pool.Hits <= hits {
+				d.t.Fatalf("the command did not go through a pooled shim: pool %+v", info.Pool)
+			}
+		}
+	}()
 	r := d.as(u,
 		call{"exec.start", p},
 		call{"exec.wait", map[string]any{"id": idPlaceholder}},
@@ -439,6 +473,23 @@ func outputData(t *testing.T, r reply) string {
 		t.Fatalf("exec.output: %v", err)
 	}
 	return string(o.Data)
+}
+
+// waitPool waits until a shim waits in the pool and returns the hits so
+// far.
+func (d *daemon) waitPool() int64 {
+	d.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		info := d.info()
+		if info.Pool != nil && info.Pool.Idle > 0 {
+			return info.Pool.Hits
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("no shim waiting in the pool after 15s: %+v", info.Pool)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // info returns daemon.info as root.

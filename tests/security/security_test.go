@@ -93,34 +93,35 @@ func TestOtherUsersExecutionIsInvisible(t *testing.T) {
 // TestChildRunsAsCaller: the child has the caller's uid, gid and the
 // supplementary groups of the user database, whoever the daemon is.
 func TestChildRunsAsCaller(t *testing.T) {
-	d := startDaemon(t)
-	for _, name := range []string{userA, userB} {
-		t.Run(name, func(t *testing.T) {
-			u := users[name]
-			for _, network := range []string{"host", "none"} { // without and with the shim
-				rec, out, errs := d.run(u, map[string]any{"argv": []string{"sh", "-c", "id -u; id -g; id -G"}, "cwd": "/", "network": network})
-				if code := exitCode(t, rec); code != 0 {
-					t.Fatalf("network %s: id exited %d: %s", network, code, errs)
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		for _, name := range []string{userA, userB} {
+			t.Run(name, func(t *testing.T) {
+				u := users[name]
+				for _, network := range []string{"host", "none"} { // without and with the shim
+					rec, out, errs := d.run(u, map[string]any{"argv": []string{"sh", "-c", "id -u; id -g; id -G"}, "cwd": "/", "network": network})
+					if code := exitCode(t, rec); code != 0 {
+						t.Fatalf("network %s: id exited %d: %s", network, code, errs)
+					}
+					lines := strings.Split(strings.TrimSpace(out), "\n")
+					if len(lines) != 3 {
+						t.Fatalf("network %s: id printed %q", network, out)
+					}
+					if want := strconv.Itoa(int(u.uid)); lines[0] != want {
+						t.Errorf("network %s: uid = %s, want %s", network, lines[0], want)
+					}
+					if want := strconv.Itoa(int(u.gid)); lines[1] != want {
+						t.Errorf("network %s: gid = %s, want %s", network, lines[1], want)
+					}
+					if got, want := sortedSet(strings.Fields(lines[2])), groupSet(u); !slices.Equal(got, want) {
+						t.Errorf("network %s: groups = %v, want %v (from the user database)", network, got, want)
+					}
+					if rec.Owner.UID != u.uid {
+						t.Errorf("record owner uid = %d, want %d", rec.Owner.UID, u.uid)
+					}
 				}
-				lines := strings.Split(strings.TrimSpace(out), "\n")
-				if len(lines) != 3 {
-					t.Fatalf("network %s: id printed %q", network, out)
-				}
-				if want := strconv.Itoa(int(u.uid)); lines[0] != want {
-					t.Errorf("network %s: uid = %s, want %s", network, lines[0], want)
-				}
-				if want := strconv.Itoa(int(u.gid)); lines[1] != want {
-					t.Errorf("network %s: gid = %s, want %s", network, lines[1], want)
-				}
-				if got, want := sortedSet(strings.Fields(lines[2])), groupSet(u); !slices.Equal(got, want) {
-					t.Errorf("network %s: groups = %v, want %v (from the user database)", network, got, want)
-				}
-				if rec.Owner.UID != u.uid {
-					t.Errorf("record owner uid = %d, want %d", rec.Owner.UID, u.uid)
-				}
-			}
-		})
-	}
+			})
+		}
+	})
 }
 
 func sortedSet(s []string) []string {
@@ -161,81 +162,83 @@ func TestOnlyRootChoosesUser(t *testing.T) {
 // effective uid to 0 when the test runs it as A directly, but not inside a
 // child of corrald (no_new_privs).
 func TestSetuidBinaryCannotEscalate(t *testing.T) {
-	d := startDaemon(t)
-	a := users[userA]
-	suid := filepath.Join(d.dir, "suid-id")
-	if err := copyFile("/usr/bin/id", suid, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Remove(suid) })
-	if err := os.Chown(suid, 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(suid, 0o4755|os.ModeSetuid); err != nil {
-		t.Fatal(err)
-	}
-	// Control: without no_new_privs the copy does escalate, so the check
-	// below can fail.
-	ctl := exec.Command(suid, "-u")
-	ctl.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: a.uid, Gid: a.gid, Groups: a.groups}}
-	out, err := ctl.Output()
-	if err != nil {
-		t.Fatalf("control run of %s as %s: %v", suid, a.name, err)
-	}
-	if strings.TrimSpace(string(out)) != "0" {
-		t.Skipf("setuid does not take effect here (nosuid mount or no_new_privs already set on the test): euid %s", out)
-	}
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		a := users[userA]
+		suid := filepath.Join(d.dir, "suid-id")
+		if err := copyFile("/usr/bin/id", suid, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(suid) })
+		if err := os.Chown(suid, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(suid, 0o4755|os.ModeSetuid); err != nil {
+			t.Fatal(err)
+		}
+		// Control: without no_new_privs the copy does escalate, so the check
+		// below can fail.
+		ctl := exec.Command(suid, "-u")
+		ctl.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: a.uid, Gid: a.gid, Groups: a.groups}}
+		out, err := ctl.Output()
+		if err != nil {
+			t.Fatalf("control run of %s as %s: %v", suid, a.name, err)
+		}
+		if strings.TrimSpace(string(out)) != "0" {
+			t.Skipf("setuid does not take effect here (nosuid mount or no_new_privs already set on the test): euid %s", out)
+		}
 
-	script := suid + " -u; grep NoNewPrivs /proc/self/status"
-	for _, network := range []string{"host", "none"} {
-		rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/", "network": network})
-		if code := exitCode(t, rec); code != 0 {
-			t.Fatalf("network %s: exit %d: %s", network, code, errs)
+		script := suid + " -u; grep NoNewPrivs /proc/self/status"
+		for _, network := range []string{"host", "none"} {
+			rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/", "network": network})
+			if code := exitCode(t, rec); code != 0 {
+				t.Fatalf("network %s: exit %d: %s", network, code, errs)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 2 {
+				t.Fatalf("network %s: output %q", network, out)
+			}
+			if want := strconv.Itoa(int(a.uid)); lines[0] != want {
+				t.Errorf("network %s: setuid-root id -u in the child printed euid %s, want %s", network, lines[0], want)
+			}
+			if f := strings.Fields(lines[1]); len(f) != 2 || f[1] != "1" {
+				t.Errorf("network %s: child's /proc/self/status says %q, want NoNewPrivs: 1", network, lines[1])
+			}
 		}
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 2 {
-			t.Fatalf("network %s: output %q", network, out)
-		}
-		if want := strconv.Itoa(int(a.uid)); lines[0] != want {
-			t.Errorf("network %s: setuid-root id -u in the child printed euid %s, want %s", network, lines[0], want)
-		}
-		if f := strings.Fields(lines[1]); len(f) != 2 || f[1] != "1" {
-			t.Errorf("network %s: child's /proc/self/status says %q, want NoNewPrivs: 1", network, lines[1])
-		}
-	}
+	})
 }
 
 // TestDaemonEnvironmentDoesNotLeak: corrald runs with CORRAL_SECRET_TEST in
 // its environment; the child's environment is the minimal base plus the
 // request's variables.
 func TestDaemonEnvironmentDoesNotLeak(t *testing.T) {
-	d := startDaemon(t)
-	a := users[userA]
-	allowed := map[string]bool{"PATH": true, "HOME": true, "USER": true, "LOGNAME": true, "LANG": true,
-		"SHELL": true, "TERM": true, "TZ": true, "FROM_REQUEST": true}
-	for _, network := range []string{"host", "none"} {
-		rec, out, errs := d.run(a, map[string]any{"argv": []string{"env"}, "cwd": "/", "network": network,
-			"env": map[string]string{"FROM_REQUEST": "yes"}})
-		if code := exitCode(t, rec); code != 0 {
-			t.Fatalf("network %s: env exited %d: %s", network, code, errs)
-		}
-		vars := map[string]string{}
-		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-			k, v, _ := strings.Cut(l, "=")
-			vars[k] = v
-		}
-		if v, ok := vars["CORRAL_SECRET_TEST"]; ok {
-			t.Errorf("network %s: the daemon's CORRAL_SECRET_TEST=%s reached the child", network, v)
-		}
-		for k := range vars {
-			if !allowed[k] {
-				t.Errorf("network %s: unexpected variable %s in the child's environment", network, k)
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		a := users[userA]
+		allowed := map[string]bool{"PATH": true, "HOME": true, "USER": true, "LOGNAME": true, "LANG": true,
+			"SHELL": true, "TERM": true, "TZ": true, "FROM_REQUEST": true}
+		for _, network := range []string{"host", "none"} {
+			rec, out, errs := d.run(a, map[string]any{"argv": []string{"env"}, "cwd": "/", "network": network,
+				"env": map[string]string{"FROM_REQUEST": "yes"}})
+			if code := exitCode(t, rec); code != 0 {
+				t.Fatalf("network %s: env exited %d: %s", network, code, errs)
+			}
+			vars := map[string]string{}
+			for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+				k, v, _ := strings.Cut(l, "=")
+				vars[k] = v
+			}
+			if v, ok := vars["CORRAL_SECRET_TEST"]; ok {
+				t.Errorf("network %s: the daemon's CORRAL_SECRET_TEST=%s reached the child", network, v)
+			}
+			for k := range vars {
+				if !allowed[k] {
+					t.Errorf("network %s: unexpected variable %s in the child's environment", network, k)
+				}
+			}
+			if vars["FROM_REQUEST"] != "yes" || vars["USER"] != userA {
+				t.Errorf("network %s: environment %v, want FROM_REQUEST=yes and USER=%s", network, vars, userA)
 			}
 		}
-		if vars["FROM_REQUEST"] != "yes" || vars["USER"] != userA {
-			t.Errorf("network %s: environment %v, want FROM_REQUEST=yes and USER=%s", network, vars, userA)
-		}
-	}
+	})
 }
 
 // TestNetworkNoneCannotReachHostLoopback: a listener on the host's
@@ -246,97 +249,99 @@ func TestNetworkNoneCannotReachHostLoopback(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("bash not installed (needed for /dev/tcp)")
 	}
-	d := startDaemon(t)
-	a := users[userA]
-	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	port := ln.Addr().(*net.TCPAddr).Port
-	accepted := make(chan struct{}, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-			accepted <- struct{}{}
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		a := users[userA]
+		ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	script := fmt.Sprintf("exec 3<>/dev/tcp/127.0.0.1/%d && echo connected", port)
+		t.Cleanup(func() { ln.Close() })
+		port := ln.Addr().(*net.TCPAddr).Port
+		accepted := make(chan struct{}, 4)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+				accepted <- struct{}{}
+			}
+		}()
+		script := fmt.Sprintf("exec 3<>/dev/tcp/127.0.0.1/%d && echo connected", port)
 
-	rec, out, errs := d.run(a, map[string]any{"argv": []string{"bash", "-c", script}, "cwd": "/", "network": "host"})
-	if exitCode(t, rec) != 0 || strings.TrimSpace(out) != "connected" {
-		t.Fatalf("network host: exit %d, stdout %q, stderr %q; want connected", exitCode(t, rec), out, errs)
-	}
-	select {
-	case <-accepted:
-	case <-time.After(5 * time.Second):
-		t.Fatal("network host: the listener saw no connection")
-	}
+		rec, out, errs := d.run(a, map[string]any{"argv": []string{"bash", "-c", script}, "cwd": "/", "network": "host"})
+		if exitCode(t, rec) != 0 || strings.TrimSpace(out) != "connected" {
+			t.Fatalf("network host: exit %d, stdout %q, stderr %q; want connected", exitCode(t, rec), out, errs)
+		}
+		select {
+		case <-accepted:
+		case <-time.After(5 * time.Second):
+			t.Fatal("network host: the listener saw no connection")
+		}
 
-	rec, out, errs = d.run(a, map[string]any{"argv": []string{"bash", "-c", script}, "cwd": "/", "network": "none"})
-	if exitCode(t, rec) == 0 || strings.Contains(out, "connected") {
-		t.Errorf("network none: exit %d, stdout %q: reached the host's loopback", exitCode(t, rec), out)
-	}
-	if !strings.Contains(errs, "refused") {
-		t.Errorf("network none: stderr %q, want connection refused by the private loopback (is lo up?)", errs)
-	}
-	select {
-	case <-accepted:
-		t.Error("network none: the host's listener accepted a connection")
-	case <-time.After(200 * time.Millisecond):
-	}
+		rec, out, errs = d.run(a, map[string]any{"argv": []string{"bash", "-c", script}, "cwd": "/", "network": "none"})
+		if exitCode(t, rec) == 0 || strings.Contains(out, "connected") {
+			t.Errorf("network none: exit %d, stdout %q: reached the host's loopback", exitCode(t, rec), out)
+		}
+		if !strings.Contains(errs, "refused") {
+			t.Errorf("network none: stderr %q, want connection refused by the private loopback (is lo up?)", errs)
+		}
+		select {
+		case <-accepted:
+			t.Error("network none: the host's listener accepted a connection")
+		case <-time.After(200 * time.Millisecond):
+		}
+	})
 }
 
 // TestWorkspaceRemovalStaysInside: a workspace with a read-only
 // subdirectory and symlinks to /etc and to a directory of the test is
 // removed at cleaned; what the links point to is untouched.
 func TestWorkspaceRemovalStaysInside(t *testing.T) {
-	d := startDaemon(t)
-	a := users[userA]
-	canaryDir := t.TempDir()
-	canary := filepath.Join(canaryDir, "canary")
-	if err := os.WriteFile(canary, []byte("keep"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(canaryDir, 0o755)
-	script := "stat -c '%a %u %g' . && mkdir ro && touch ro/f && chmod 555 ro && " +
-		"ln -s /etc etc-link && ln -s " + canaryDir + " canary-link && ln -s / root-link && pwd"
-	rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}})
-	if code := exitCode(t, rec); code != 0 {
-		t.Fatalf("workspace script exited %d: %s", code, errs)
-	}
-	if rec.Workspace == nil {
-		t.Fatal("record has no workspace")
-	}
-	ws := *rec.Workspace
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("script printed %q", out)
-	}
-	if want := fmt.Sprintf("700 %d %d", a.uid, a.gid); lines[0] != want {
-		t.Errorf("workspace mode, uid, gid = %q, want %q", lines[0], want)
-	}
-	if lines[1] != ws {
-		t.Errorf("child's cwd %q, record's workspace %q", lines[1], ws)
-	}
-	if want := filepath.Join(d.state, "work", rec.ID); ws != want {
-		t.Errorf("workspace = %q, want %q", ws, want)
-	}
-	if _, err := os.Lstat(ws); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("workspace %s after cleaned: %v, want it gone", ws, err)
-	}
-	if rec.Error != nil {
-		t.Errorf("record error %q, want none", *rec.Error)
-	}
-	for _, f := range []string{"/etc/passwd", "/etc/hostname", canary} {
-		if _, err := os.Stat(f); err != nil {
-			t.Errorf("%s after the workspace was removed: %v", f, err)
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		a := users[userA]
+		canaryDir := t.TempDir()
+		canary := filepath.Join(canaryDir, "canary")
+		if err := os.WriteFile(canary, []byte("keep"), 0o644); err != nil {
+			t.Fatal(err)
 		}
-	}
+		os.Chmod(canaryDir, 0o755)
+		script := "stat -c '%a %u %g' . && mkdir ro && touch ro/f && chmod 555 ro && " +
+			"ln -s /etc etc-link && ln -s " + canaryDir + " canary-link && ln -s / root-link && pwd"
+		rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}})
+		if code := exitCode(t, rec); code != 0 {
+			t.Fatalf("workspace script exited %d: %s", code, errs)
+		}
+		if rec.Workspace == nil {
+			t.Fatal("record has no workspace")
+		}
+		ws := *rec.Workspace
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("script printed %q", out)
+		}
+		if want := fmt.Sprintf("700 %d %d", a.uid, a.gid); lines[0] != want {
+			t.Errorf("workspace mode, uid, gid = %q, want %q", lines[0], want)
+		}
+		if lines[1] != ws {
+			t.Errorf("child's cwd %q, record's workspace %q", lines[1], ws)
+		}
+		if want := filepath.Join(d.state, "work", rec.ID); ws != want {
+			t.Errorf("workspace = %q, want %q", ws, want)
+		}
+		if _, err := os.Lstat(ws); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("workspace %s after cleaned: %v, want it gone", ws, err)
+		}
+		if rec.Error != nil {
+			t.Errorf("record error %q, want none", *rec.Error)
+		}
+		for _, f := range []string{"/etc/passwd", "/etc/hostname", canary} {
+			if _, err := os.Stat(f); err != nil {
+				t.Errorf("%s after the workspace was removed: %v", f, err)
+			}
+		}
+	})
 }
 
 // TestCapsRefuseWithNothingStarted: over --max-running or --max-per-uid,
@@ -386,66 +391,69 @@ func TestCapsRefuseWithNothingStarted(t *testing.T) {
 // writes, so across pipe reads) never reach a client; total_bytes counts
 // what the child wrote and nothing is reported truncated.
 func TestRedactedOutput(t *testing.T) {
-	d := startDaemon(t)
-	a := users[userA]
-	const (
-		token  = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0"
-		keyID  = "AKIAIOSFODNN7EXAMPLE"
-		secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
-		pemA   = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"
-		pemB   = "VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK"
-	)
-	// Each printf is its own write; the sleeps make separate pipe reads
-	// likely, cutting through the middle of the token and the key block.
-	script := "printf 'Authorization: Bearer eyJhbGciOiJIUzI1'; sleep 0.1; printf 'NiJ9.c2VjcmV0\\n';" +
-		"printf 'id " + keyID + "\\naws_secret_access_key = " + secret + "\\n';" +
-		"printf -- '-----BEGIN RSA PRIVATE KEY-----\\n" + pemA + "\\n'; sleep 0.1;" +
-		"printf '" + pemB + "\\n-----END RSA PRIVATE KEY-----\\ndone\\n'"
-	raw := "Authorization: Bearer " + token + "\nid " + keyID + "\naws_secret_access_key = " + secret + "\n" +
-		"-----BEGIN RSA PRIVATE KEY-----\n" + pemA + "\n" + pemB + "\n-----END RSA PRIVATE KEY-----\ndone\n"
-	want := "Authorization: Bearer [REDACTED]\nid [REDACTED]\naws_secret_access_key = [REDACTED]\n[REDACTED]\ndone\n"
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		a := users[userA]
+		const (
+			token  = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0"
+			keyID  = "AKIAIOSFODNN7EXAMPLE"
+			secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+			pemA   = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"
+			pemB   = "VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK"
+		)
+		// Each printf is its own write; the sleeps make separate pipe reads
+		// likely, cutting through the middle of the token and the key block.
+		script := "printf 'Authorization: Bearer eyJhbGciOiJIUzI1'; sleep 0.1; printf 'NiJ9.c2VjcmV0\\n';" +
+			"printf 'id " + keyID + "\\naws_secret_access_key = " + secret + "\\n';" +
+			"printf -- '-----BEGIN RSA PRIVATE KEY-----\\n" + pemA + "\\n'; sleep 0.1;" +
+			"printf '" + pemB + "\\n-----END RSA PRIVATE KEY-----\\ndone\\n'"
+		raw := "Authorization: Bearer " + token + "\nid " + keyID + "\naws_secret_access_key = " + secret + "\n" +
+			"-----BEGIN RSA PRIVATE KEY-----\n" + pemA + "\n" + pemB + "\n-----END RSA PRIVATE KEY-----\ndone\n"
+		want := "Authorization: Bearer [REDACTED]\nid [REDACTED]\naws_secret_access_key = [REDACTED]\n[REDACTED]\ndone\n"
 
-	rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/", "redact": true})
-	if code := exitCode(t, rec); code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
-	if out != want {
-		t.Errorf("redacted stdout = %q, want %q", out, want)
-	}
-	for _, s := range []string{token, keyID, secret, pemA, pemB, "NiJ9"} {
-		if strings.Contains(out, s) {
-			t.Errorf("secret %q in the kept output", s)
+		rec, out, errs := d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/", "redact": true})
+		if code := exitCode(t, rec); code != 0 {
+			t.Fatalf("exit %d: %s", code, errs)
 		}
-	}
-	if rec.Stdout.TotalBytes != int64(len(raw)) {
-		t.Errorf("stdout total_bytes = %d, want %d (what the child wrote)", rec.Stdout.TotalBytes, len(raw))
-	}
-	if rec.Stdout.KeptBytes != int64(len(want)) || rec.Stdout.Truncated {
-		t.Errorf("stdout kept_bytes %d truncated %v, want %d and false (nothing was dropped)", rec.Stdout.KeptBytes, rec.Stdout.Truncated, len(want))
-	}
+		if out != want {
+			t.Errorf("redacted stdout = %q, want %q", out, want)
+		}
+		for _, s := range []string{token, keyID, secret, pemA, pemB, "NiJ9"} {
+			if strings.Contains(out, s) {
+				t.Errorf("secret %q in the kept output", s)
+			}
+		}
+		if rec.Stdout.TotalBytes != int64(len(raw)) {
+			t.Errorf("stdout total_bytes = %d, want %d (what the child wrote)", rec.Stdout.TotalBytes, len(raw))
+		}
+		if rec.Stdout.KeptBytes != int64(len(want)) || rec.Stdout.Truncated {
+			t.Errorf("stdout kept_bytes %d truncated %v, want %d and false (nothing was dropped)", rec.Stdout.KeptBytes, rec.Stdout.Truncated, len(want))
+		}
 
-	// Without redact the same output is kept as written.
-	_, out, _ = d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/"})
-	if out != raw {
-		t.Errorf("stdout without redact = %q, want %q", out, raw)
-	}
+		// Without redact the same output is kept as written.
+		_, out, _ = d.run(a, map[string]any{"argv": []string{"sh", "-c", script}, "cwd": "/"})
+		if out != raw {
+			t.Errorf("stdout without redact = %q, want %q", out, raw)
+		}
+	})
 }
 
 // TestWorkspaceReachableByItsPath: tools resolve the working directory to
 // an absolute path ($PWD, getcwd) and open files through it, so the
 // workspace must be reachable by path for its user, not only entered.
 func TestWorkspaceReachableByItsPath(t *testing.T) {
-	d := startDaemon(t)
-	rec, out, errs := d.run(users[userA], map[string]any{"argv": []string{"sh", "-c", `echo hi > f && cat "$(pwd)/f" && ls "$(pwd)" >/dev/null`}})
-	if code := exitCode(t, rec); code != 0 || out != "hi\n" {
-		t.Errorf("reading a workspace file by absolute path: exit %d, stdout %q, stderr %q", code, out, errs)
-	}
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		rec, out, errs := d.run(users[userA], map[string]any{"argv": []string{"sh", "-c", `echo hi > f && cat "$(pwd)/f" && ls "$(pwd)" >/dev/null`}})
+		if code := exitCode(t, rec); code != 0 || out != "hi\n" {
+			t.Errorf("reading a workspace file by absolute path: exit %d, stdout %q, stderr %q", code, out, errs)
+		}
+	})
 }
 
 // TestPathProbesRevealNothing: the daemon checks argv[0] and cwd as root
 // before the child runs; the answer must not tell the caller whether a
 // path exists inside a directory the caller cannot search.
 func TestPathProbesRevealNothing(t *testing.T) {
+	// Checked before any spawn path is chosen.
 	d := startDaemon(t)
 	a := users[userA]
 	private := t.TempDir() // 0700 root
@@ -488,30 +496,31 @@ func TestPathProbesRevealNothing(t *testing.T) {
 // stdout and stderr, even when the daemon itself inherited more (its
 // starter's fds without close-on-exec: startDaemon passes one).
 func TestChildGetsNoDaemonFds(t *testing.T) {
-	d := startDaemon(t)
-	for _, network := range []string{"host", "none"} {
-		rec, out, errs := d.run(users[userA], map[string]any{"argv": []string{"ls", "-l", "/proc/self/fd/"}, "cwd": "/", "network": network})
-		if code := exitCode(t, rec); code != 0 {
-			t.Fatalf("network %s: ls exited %d: %s", network, code, errs)
-		}
-		var extra []string
-		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-			f := strings.Fields(l)
-			if len(f) < 11 || f[0] == "total" {
-				continue
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		for _, network := range []string{"host", "none"} {
+			rec, out, errs := d.run(users[userA], map[string]any{"argv": []string{"ls", "-l", "/proc/self/fd/"}, "cwd": "/", "network": network})
+			if code := exitCode(t, rec); code != 0 {
+				t.Fatalf("network %s: ls exited %d: %s", network, code, errs)
 			}
-			fd, target := f[8], f[len(f)-1]
-			switch {
-			case fd == "0" || fd == "1" || fd == "2":
-			case strings.HasPrefix(target, "/proc/") && strings.HasSuffix(target, "/fd"): // ls reading the directory
-			default:
-				extra = append(extra, fd+" -> "+target)
+			var extra []string
+			for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+				f := strings.Fields(l)
+				if len(f) < 11 || f[0] == "total" {
+					continue
+				}
+				fd, target := f[8], f[len(f)-1]
+				switch {
+				case fd == "0" || fd == "1" || fd == "2":
+				case strings.HasPrefix(target, "/proc/") && strings.HasSuffix(target, "/fd"): // ls reading the directory
+				default:
+					extra = append(extra, fd+" -> "+target)
+				}
+			}
+			if len(extra) > 0 {
+				t.Errorf("network %s: the child inherited fds %q", network, extra)
 			}
 		}
-		if len(extra) > 0 {
-			t.Errorf("network %s: the child inherited fds %q", network, extra)
-		}
-	}
+	})
 }
 
 // TestNetworkNoneCannotEscapeThroughDaemon: a network-none child that can
@@ -521,31 +530,32 @@ func TestNetworkNoneCannotEscapeThroughDaemon(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("bash not installed (needed for /dev/tcp)")
 	}
-	d := startDaemon(t)
-	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
+	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
+		ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	inner := fmt.Sprintf("exec 3<>/dev/tcp/127.0.0.1/%d && echo connected", ln.Addr().(*net.TCPAddr).Port)
-	rec, out, errs := d.run(users[userA], map[string]any{
-		"argv":    []string{filepath.Join(binDir, "corralctl"), "run", "--cwd", "/", "--", "bash", "-c", inner},
-		"cwd":     "/",
-		"network": "none",
-		"env":     map[string]string{"CORRAL_SOCKET": d.socket},
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		inner := fmt.Sprintf("exec 3<>/dev/tcp/127.0.0.1/%d && echo connected", ln.Addr().(*net.TCPAddr).Port)
+		rec, out, errs := d.run(users[userA], map[string]any{
+			"argv":    []string{filepath.Join(binDir, "corralctl"), "run", "--cwd", "/", "--", "bash", "-c", inner},
+			"cwd":     "/",
+			"network": "none",
+			"env":     map[string]string{"CORRAL_SOCKET": d.socket},
+		})
+		if strings.Contains(out, "connected") {
+			t.Errorf("a network-none child reached the host's loopback through corrald (exit %d): stdout %q stderr %q", exitCode(t, rec), out, errs)
+		}
 	})
-	if strings.Contains(out, "connected") {
-		t.Errorf("a network-none child reached the host's loopback through corrald (exit %d): stdout %q stderr %q", exitCode(t, rec), out, errs)
-	}
 }
 
 // TestSocketOnlyForItsGroup: the socket is 0660 with the configured group,
