@@ -61,6 +61,7 @@ func TestBenchSuite(t *testing.T) {
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
 	s.header()
+	fdsBefore, goBefore := countFDs(), runtime.NumGoroutine()
 
 	t.Run("exec_latency", s.benchExecLatency)
 	t.Run("exit_notify", s.benchExitNotify)
@@ -76,10 +77,39 @@ func TestBenchSuite(t *testing.T) {
 			t.Errorf("write %s: %v", path, err)
 		}
 	}
+	// Every subtest's cleanups have run: daemons stopped, clients closed.
+	if ok := waitFor(func() bool { return countFDs() <= fdsBefore }); !ok {
+		t.Errorf("open fds: %d after the suite, %d before", countFDs(), fdsBefore)
+	}
+	if ok := waitFor(func() bool { return runtime.NumGoroutine() <= goBefore }); !ok {
+		t.Errorf("goroutines: %d after the suite, %d before", runtime.NumGoroutine(), goBefore)
+	}
 	if n := countMarked(markValue()); n != 0 {
 		t.Errorf("%d benchmark children still alive after the suite", n)
 		killMarked(markValue())
 	}
+}
+
+// countFDs is the number of fds this process has open.
+func countFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents) - 1 // the directory being read
+}
+
+// waitFor polls cond for up to 5 s (goroutines and fds of closed
+// connections go away asynchronously) and reports whether it held.
+func waitFor(cond func() bool) bool {
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
 }
 
 // cgroupMount is the cgroup2 hierarchy the cgroup backend uses on this host
@@ -333,6 +363,28 @@ func cgroupChildren(dir string) []string {
 		}
 	}
 	return out
+}
+
+// populated reports whether any process is in the cgroup tree at dir (its
+// cgroup.events says "populated 1").
+func populated(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	if err != nil {
+		return false
+	}
+	return strings.Contains(string(b), "populated 1")
+}
+
+// busyScopes lists the cgroups below base that hold processes, leaving out
+// the daemon's warm pool ("pool-*": shims waiting for the next command).
+func busyScopes(base string) []string {
+	var busy []string
+	for _, name := range cgroupChildren(base) {
+		if !strings.HasPrefix(name, "pool-") && populated(filepath.Join(base, name)) {
+			busy = append(busy, name)
+		}
+	}
+	return busy
 }
 
 // procStats is what /proc says about one process.

@@ -131,15 +131,17 @@ func runBare(t *testing.T) time.Duration {
 // sides interleaved in one loop.
 func (s *suite) benchExecLatency(t *testing.T) {
 	cg := s.startDaemon(t, "cgroup", "cgroup")
+	np := s.startDaemon(t, "cgroup-nopool", "cgroup", "--pool-size", "0")
 	pg := s.startDaemon(t, "pgroup", "pgroup")
-	ccg, cpg := cg.client(t), pg.client(t)
+	ccg, cnp, cpg := cg.client(t), np.client(t), pg.client(t)
 	ctx := ctxT(t, 5*time.Minute)
 
 	var (
 		bare                        durations
 		cgWait, cgExited, cgCleaned durations
 		pgWait, pgExited, pgCleaned durations
-		cgPh, pgPh                  phases
+		npWait                      durations
+		cgPh, npPh, pgPh            phases
 	)
 	for i := 0; i < latencyWU+latencyN; i++ {
 		rec := i >= latencyWU
@@ -165,6 +167,13 @@ func (s *suite) benchExecLatency(t *testing.T) {
 				add(&pgWait, runWait(t, ctx, cpg, ph))
 			},
 			func() {
+				ph := &npPh
+				if !rec {
+					ph = nil
+				}
+				add(&npWait, runWait(t, ctx, cnp, ph))
+			},
+			func() {
 				e, c := runFollow(t, ctx, ccg)
 				add(&cgExited, e)
 				add(&cgCleaned, c)
@@ -178,13 +187,15 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	}
 	const base = "os/exec Run"
 	s.latencyTable("(a) exec-to-result latency of /bin/true",
-		fmt.Sprintf("One connection per daemon, calls in sequence; %d samples per side after %d warm-up rounds; the five sides interleaved (order rotating each round). "+
+		fmt.Sprintf("One connection per daemon, calls in sequence; %d samples per side after %d warm-up rounds; the six sides interleaved (order rotating each round). "+
+			"The daemons run with their default warm pool (--pool-size 4: shims waiting in scopes of their own) except \"cgroup, no pool\" (--pool-size 0: scope and fork inline in exec.start). "+
 			"\"start+wait\": exec.start then exec.wait until cleaned. \"until exited\"/\"until cleaned\": exec.start then exec.follow, time of the exec.state notification with state exited, and of the final record.",
 			latencyN, latencyWU),
 		[]latencyRow{
 			{"cgroup start+wait", "corrald cgroup", base, cgWait, bare},
 			{"cgroup until exited", "corrald cgroup", base, cgExited, bare},
 			{"cgroup until cleaned", "corrald cgroup", base, cgCleaned, bare},
+			{"cgroup, no pool, start+wait", "corrald cgroup --pool-size 0", base, npWait, bare},
 			{"pgroup start+wait", "corrald pgroup", base, pgWait, bare},
 			{"pgroup until exited", "corrald pgroup", base, pgExited, bare},
 			{"pgroup until cleaned", "corrald pgroup", base, pgCleaned, bare},
@@ -194,13 +205,13 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	for _, b := range []struct {
 		name string
 		ph   *phases
-	}{{"cgroup", &cgPh}, {"pgroup", &pgPh}} {
+	}{{"cgroup", &cgPh}, {"cgroup, no pool", &npPh}, {"pgroup", &pgPh}} {
 		for _, r := range []struct {
 			name string
 			d    durations
 		}{
 			{"client sends exec.start → created_at", b.ph.toCreated},
-			{"created_at → started_at (scope, fork, exec)", b.ph.toStarted},
+			{"created_at → started_at (workspace, pipes, scope, fork or pooled shim, exec)", b.ph.toStarted},
 			{"started_at → exited_at (child runs, exit seen)", b.ph.toExited},
 			{"exited_at → cleaned_at (tree gone, scope and workspace removed)", b.ph.toCleaned},
 			{"cleaned_at → client has the exec.wait answer", b.ph.toAnswer},
