@@ -30,8 +30,7 @@ type stream struct {
 func (s *stream) info() api.StreamInfo {
 	in := s.kept.info()
 	if s.red != nil {
-		in.TotalBytes = s.raw
-		in.Truncated = in.Truncated || s.raw > in.KeptBytes
+		in.TotalBytes = s.raw // what the child wrote; truncated still means bytes were dropped
 	}
 	return in
 }

@@ -57,6 +57,9 @@ type Config struct {
 	// under a PID 1 that does not reap. The daemon sets it; it changes the
 	// whole process.
 	Subreaper bool
+	// SocketGID is the socket's group, dropped from children's groups
+	// (-1: none).
+	SocketGID int64
 	// PoolSize is how many shims wait, already in scopes of their own, for
 	// commands (0: no pool; every exec.start creates its scope inline).
 	PoolSize int
@@ -221,6 +224,11 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	runAs, err := resolveUser(caller, p.User)
 	if err != nil {
 		return api.Record{}, err
+	}
+	if p.Network != "none" && otherNetns(caller.PID) {
+		// A caller without the host's network (itself in a network "none"
+		// execution) cannot get it back through corrald.
+		p.Network = "none"
 	}
 	// An idempotency key may name an execution from before a restart.
 	var prior *api.Record

@@ -98,6 +98,7 @@ func newTestReactor(t *testing.T, mod func(*Config)) *testReactor {
 		Log:       zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
 		KillWait:  2 * time.Second,
 		Subreaper: true,
+		SocketGID: -1,
 		Info:      api.Info{Pidfd: true},
 	}
 	if mod != nil {

@@ -74,16 +74,23 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	if dir == "" {
 		dir = "/"
 	}
-	if fi, err := os.Stat(dir); err != nil {
-		return fail(fmt.Errorf("cwd %s: %w", dir, err))
-	} else if !fi.IsDir() {
-		return fail(fmt.Errorf("cwd %s: %w", dir, syscall.ENOTDIR))
-	}
-
 	env := childEnv(p.Env, ra)
-	path, err := lookPath(p.Argv[0], dir, envValue(env, "PATH"))
-	if err != nil {
-		return fail(err)
+	// A root run checks cwd and argv[0] here, for clear errors. Anyone
+	// else's are checked by the shim after it became the user: checking as
+	// root would let a caller learn whether a path exists in a directory
+	// it cannot search (ENOENT against EACCES).
+	asUser := ra.uid != 0
+	path := p.Argv[0]
+	if !asUser {
+		if fi, err := os.Stat(dir); err != nil {
+			return fail(fmt.Errorf("cwd %s: %w", dir, err))
+		} else if !fi.IsDir() {
+			return fail(fmt.Errorf("cwd %s: %w", dir, syscall.ENOTDIR))
+		}
+		var err error
+		if path, err = lookPath(p.Argv[0], dir, envValue(env, "PATH")); err != nil {
+			return fail(err)
+		}
 	}
 
 	// Pipes: the child's ends are blocking; ours are non-blocking and go
@@ -124,7 +131,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	if os.Geteuid() == 0 || ra.uid != uint32(os.Geteuid()) || ra.gid != uint32(os.Getegid()) {
 		// As root, always set the identity: it also replaces the daemon's
 		// own supplementary groups with the user's.
-		cred = &syscall.Credential{Uid: ra.uid, Gid: ra.gid, Groups: ra.groups}
+		cred = &syscall.Credential{Uid: ra.uid, Gid: ra.gid, Groups: r.withoutSocketGroup(ra.groups)}
 	}
 	limits := scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS}
 
@@ -180,8 +187,10 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	// A non-root user's workspace sits under the root-only state directory:
 	// the shim enters it before dropping privileges, which os/exec cannot
 	// (it changes the credentials first, then the directory).
-	dropInto := sp.work != "" && cmd.SysProcAttr.Credential != nil && cmd.SysProcAttr.Credential.Uid != 0
-	if hold := r.cfg.Backend.Name() == "systemd"; hold || p.Network == "none" || dropInto {
+	// A non-root user always goes through the shim: it enters the
+	// workspace (under the root-owned state directory) before dropping
+	// privileges, and checks cwd and argv[0] as the user.
+	if hold := r.cfg.Backend.Name() == "systemd"; hold || p.Network == "none" || asUser {
 		cfg := shimConfig(p, env, dir, sp.work != "", cred)
 		cfg.Hold = hold
 		cmd.SysProcAttr.Credential = nil // the shim drops privileges itself, last
@@ -455,21 +464,13 @@ func makeWorkspace(stateDir, id string, ra runAs) (string, error) {
 	return dir, nil
 }
 
-// removeWorkspace deletes a workspace. os.RemoveAll never follows symlinks
-// (it unlinks them), and as root it removes read-only subdirectories; it
-// makes directories writable first in case the daemon lacks
-// CAP_DAC_OVERRIDE.
+// removeWorkspace deletes a workspace. os.RemoveAll works with *at
+// syscalls relative to directory fds and never follows symlinks (it
+// unlinks them), and the daemon's CAP_DAC_OVERRIDE lets it remove
+// read-only subdirectories. There is deliberately no chmod-and-retry
+// fallback: a chmod by path could follow a symlink a surviving process
+// swapped in.
 func removeWorkspace(dir string) error {
-	err := os.RemoveAll(dir)
-	if err == nil {
-		return nil
-	}
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, werr error) error {
-		if werr == nil && d.IsDir() && d.Type()&fs.ModeSymlink == 0 {
-			_ = os.Chmod(p, 0o700)
-		}
-		return nil
-	})
 	return os.RemoveAll(dir)
 }
 
@@ -488,4 +489,29 @@ func shimConfig(p api.StartParams, env []string, dir string, workspace bool, cre
 		cfg.Rlimits = append(cfg.Rlimits, shim.Rlimit{Resource: unix.RLIMIT_CPU, Cur: secs, Max: secs + 1})
 	}
 	return cfg
+}
+
+// withoutSocketGroup drops the socket's group from a child's supplementary
+// groups: a command must not reach corrald's socket through the caller's
+// membership (a network "none" child asking for a host-network run, or
+// any child starting work outside its own scope and limits).
+func (r *Reactor) withoutSocketGroup(groups []uint32) []uint32 {
+	if r.cfg.SocketGID < 0 {
+		return groups
+	}
+	out := make([]uint32, 0, len(groups))
+	for _, g := range groups {
+		if int64(g) != r.cfg.SocketGID {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// otherNetns reports whether process pid lives in another network
+// namespace than the daemon (a caller inside a network "none" execution).
+func otherNetns(pid int32) bool {
+	mine, err1 := os.Readlink("/proc/self/ns/net")
+	theirs, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+	return err1 == nil && err2 == nil && mine != theirs
 }

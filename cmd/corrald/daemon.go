@@ -61,10 +61,14 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		checks["no_new_privs"] = "ok"
 	}
 
-	if err := os.MkdirAll(c.stateDir, 0o700); err != nil {
+	// 0711: only root reads or lists it (the store's files are 0600), but
+	// a user can traverse it to reach its own workspace by its absolute
+	// path (work/<id> is 0700 and the user's), which tools that resolve
+	// $PWD need.
+	if err := os.MkdirAll(c.stateDir, 0o711); err != nil {
 		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
 	}
-	if err := os.Chmod(c.stateDir, 0o700); err != nil {
+	if err := os.Chmod(c.stateDir, 0o711); err != nil {
 		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
 	}
 
@@ -139,6 +143,12 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	socketGID := int64(-1)
+	if fi, err := os.Stat(ln.Addr().String()); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Gid != 0 {
+			socketGID = int64(st.Gid)
+		}
+	}
 
 	r, err := reactor.New(reactor.Config{
 		Backend: backend,
@@ -157,6 +167,7 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		Subreaper:      true,
 		Store:          st,
 		PoolSize:       c.poolSize,
+		SocketGID:      socketGID,
 		Info: api.Info{
 			Version: version, Pidfd: host.Pidfd, Cgroup: host.CgroupMode, Kernel: host.Kernel,
 			Socket: ln.Addr().String(), StateDir: c.stateDir, Checks: checks,

@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-dev/corral/shim"
 )
 
@@ -25,6 +27,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == shim.Arg {
 		shim.Main()
 	}
+	// Whatever started corrald may have leaked fds without O_CLOEXEC: none
+	// of them may reach a child.
+	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	cfg, err := parseConfig(os.Args[1:])
 	if errors.Is(err, errHelpShown) {
 		os.Exit(0)
