@@ -54,7 +54,7 @@ func TestBenchSuite(t *testing.T) {
 	}
 	if os.Getenv("CORRAL_BENCH_QUICK") == "1" {
 		// A smoke run of the suite itself: small counts, figures not meaningful.
-		latencyN, latencyWU, notifyN = 30, 5, 10
+		latencyN, latencyWU, spacedN, notifyN = 30, 5, 20, 10
 		tputWindows, drainBytes, drainRounds = 2, 100_000_000, 1
 		scaleN, systemdN = 100, 10
 	}

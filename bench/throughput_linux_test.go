@@ -108,15 +108,17 @@ func window(k int, d time.Duration, op func(worker int) error) (float64, error) 
 // os/exec Run from as many goroutines; 1 s windows alternating.
 func (s *suite) benchThroughput(t *testing.T) {
 	d := s.startDaemon(t, "throughput", "cgroup")
+	dnp := s.startDaemon(t, "throughput-nopool", "cgroup", "--pool-size", "0")
 	ctx := ctxT(t, 5*time.Minute)
 	var rows []rateRow
 	for _, k := range []int{1, 8} {
 		clients := make([]*ipc.Client, k)
+		npClients := make([]*ipc.Client, k)
 		for i := range clients {
 			clients[i] = d.client(t)
+			npClients[i] = dnp.client(t)
 		}
-		viaDaemon := func(w int) error {
-			c := clients[w]
+		viaDaemon := func(c *ipc.Client) error {
 			rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
 			if err != nil {
 				return fmt.Errorf("exec.start: %w", err)
@@ -132,15 +134,22 @@ func (s *suite) benchThroughput(t *testing.T) {
 			return nil
 		}
 		bare := func(int) error { return exec.Command("/bin/true").Run() }
-		var dr, br []float64
+		var dr, nr, br []float64
 		for i := 0; i < tputWindows; i++ {
 			rotate(i,
 				func() {
-					r, err := window(k, tputWindow, viaDaemon)
+					r, err := window(k, tputWindow, func(w int) error { return viaDaemon(clients[w]) })
 					if err != nil {
 						t.Fatalf("%d clients: %v", k, err)
 					}
 					dr = append(dr, r)
+				},
+				func() {
+					r, err := window(k, tputWindow, func(w int) error { return viaDaemon(npClients[w]) })
+					if err != nil {
+						t.Fatalf("%d clients, --pool-size 0: %v", k, err)
+					}
+					nr = append(nr, r)
 				},
 				func() {
 					r, err := window(k, tputWindow, bare)
@@ -150,14 +159,15 @@ func (s *suite) benchThroughput(t *testing.T) {
 					br = append(br, r)
 				})
 		}
-		rows = append(rows, rateRow{
-			name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup start+wait", baseName: fmt.Sprintf("os/exec Run ×%d goroutines", k),
-			unit: "exec/s", side1: dr, base: br,
-		})
+		base := fmt.Sprintf("os/exec Run ×%d goroutines", k)
+		rows = append(rows,
+			rateRow{name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup (pool 4)", baseName: base, unit: "exec/s", side1: dr, base: br},
+			rateRow{name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup --pool-size 0", baseName: base, unit: "exec/s", side1: nr, base: br},
+		)
 	}
 	s.rateTable("(d) executions per second, /bin/true",
-		fmt.Sprintf("Each client its own connection, looping exec.start + exec.wait (until cleaned); baseline: as many goroutines looping os/exec Run in the benchmark process. "+
-			"%d windows of %s per side, alternating; the table gives the median window and the range.", tputWindows, tputWindow),
+		fmt.Sprintf("Each client its own connection, looping exec.start + exec.wait (until cleaned), against a daemon with its default warm pool and one with --pool-size 0; baseline: as many goroutines looping os/exec Run in the benchmark process. "+
+			"%d windows of %s per side, the three sides rotating; the table gives the median window and the range.", tputWindows, tputWindow),
 		rows)
 }
 
