@@ -799,6 +799,20 @@ func (s *systemdScope) SetLimits(ctx context.Context, l Limits) error {
 	}
 	s.mu.Lock()
 	s.limits.TasksMax, s.limits.MemoryBytes = l.TasksMax, l.MemoryBytes
+	// A memory limit set now needs the v1 OOM notification that Started
+	// only registers for scopes created with one (the pool's are not).
+	needOOM := l.MemoryBytes > 0 && s.oom == nil && s.watch != nil && s.paths.Memory != ""
+	w, paths := s.watch, s.paths
 	s.mu.Unlock()
+	if needOOM {
+		if o, err := sdOOMEventfd(paths.Memory); err == nil {
+			s.mu.Lock()
+			s.oom = o
+			s.mu.Unlock()
+			w.runOOM(o, s)
+		} else {
+			s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot register for v1 OOM notifications")
+		}
+	}
 	return nil
 }
