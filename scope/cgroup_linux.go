@@ -682,6 +682,10 @@ func (s *cgroupScope) SetLimits(_ context.Context, l Limits) error {
 			if err := cgWrite(s.dir, "memory.swap.max", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return fmt.Errorf("set memory.swap.max of %s: %w", s.name, err)
 			}
+			// As in Prepare: an OOM kill takes the whole tree.
+			if err := cgWrite(s.dir, "memory.oom.group", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("set memory.oom.group of %s: %w", s.name, err)
+			}
 		} else if err := write("memory.swap.max", 0, "max"); err != nil {
 			return err
 		}
