@@ -332,7 +332,8 @@ func (r *Reactor) killTree(e *execution) {
 	}
 	if sc, id := e.sc, e.id; sc != nil {
 		go func() {
-			if err := sc.Kill(); err != nil {
+			// ENODEV/ENOENT: the scope is already gone, nothing to kill.
+			if err := sc.Kill(); err != nil && !errors.Is(err, unix.ENODEV) && !errors.Is(err, os.ErrNotExist) {
 				r.log.Warn().Err(err).Str("exec_id", id).Msg("kill tree")
 			}
 		}()

@@ -65,6 +65,8 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	// a user can traverse it to reach its own workspace by its absolute
 	// path (work/<id> is 0700 and the user's), which tools that resolve
 	// $PWD need.
+	raiseFileLimit(log)
+
 	if err := os.MkdirAll(c.stateDir, 0o711); err != nil {
 		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
 	}
@@ -75,9 +77,27 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	// The store first: opening it takes the state directory's lock, so a
 	// second corrald stops here, before it could touch the first one's
 	// scopes.
-	st, err := store.Open(c.stateDir, log)
-	if err != nil {
-		return fmt.Errorf("open store: %w", err)
+	var st store.Store
+	switch c.storeKind {
+	case "sqlite":
+		var sync string
+		switch c.storeSync {
+		case "normal":
+			sync = store.SyncNormal
+		case "full":
+			sync = store.SyncFull
+		default:
+			return fmt.Errorf("--store-sync %q: want normal or full", c.storeSync)
+		}
+		db, err := store.OpenOptions(c.stateDir, log, store.Options{Synchronous: sync})
+		if err != nil {
+			return fmt.Errorf("open store: %w", err)
+		}
+		st = db
+	case "memory":
+		st = store.NewMemory()
+	default:
+		return fmt.Errorf("--store %q: want sqlite or memory", c.storeKind)
 	}
 	defer func() {
 		if err := st.Close(); err != nil {
@@ -166,7 +186,7 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		MaxPerUID:      c.maxPerUID,
 		Subreaper:      true,
 		Store:          st,
-		PoolSize:       c.poolSize,
+		PoolSize:       poolSize(c.poolSize, backend),
 		SocketGID:      socketGID,
 		Info: api.Info{
 			Version: version, Pidfd: host.Pidfd, Cgroup: host.CgroupMode, Kernel: host.Kernel,
@@ -369,4 +389,39 @@ func killCgroupPath(host scope.Host, name string) error {
 		return fmt.Errorf("remove leftover cgroup %s: %w", name, err)
 	}
 	return nil
+}
+
+// poolSize resolves --pool-size -1: a warm pool pays off where creating a
+// scope is costly (a D-Bus round trip and a systemd job); under the cgroup
+// and pgroup backends a root caller's command is exec'd directly, which
+// the benchmarks show is faster than any shim.
+func poolSize(flag int, b scope.Backend) int {
+	if flag >= 0 {
+		return flag
+	}
+	if b.Name() == "systemd" {
+		return 4
+	}
+	return 0
+}
+
+// raiseFileLimit lets the daemon hold the fds of many executions (two pipes
+// and two pidfds each, stdin too when open): as root it raises
+// RLIMIT_NOFILE to fs.nr_open (at most 1<<20). It uses x/sys's prlimit, not
+// syscall.Setrlimit, so os/exec still gives children the limit the daemon
+// started with.
+func raiseFileLimit(log zerolog.Logger) {
+	b, err := os.ReadFile("/proc/sys/fs/nr_open")
+	if err != nil || os.Geteuid() != 0 {
+		return
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return
+	}
+	n = min(n, 1<<20)
+	lim := unix.Rlimit{Cur: n, Max: n}
+	if err := unix.Prlimit(0, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+		log.Warn().Err(err).Uint64("wanted", n).Msg("cannot raise RLIMIT_NOFILE; the number of executions at once is bounded by the current limit (4 fds each)")
+	}
 }
