@@ -143,19 +143,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 			closeChild()
 			sp.proc, sp.sc, sp.pidfd = pe.cmd.Process, pe.sc, pe.pidfd
 			if xerr != nil {
-				_, _ = pe.cmd.Process.Wait() // the shim exits right after its report
-				r.reaper.reaped(pe.cmd.Process.Pid)
-				if sp.pidfd >= 0 {
-					unix.Close(sp.pidfd)
-					sp.pidfd = -1
-				}
-				sp.proc = nil
-				sp.closeFds()
-				if rerr := pe.sc.Remove(); rerr != nil {
-					r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove pool scope after failed exec")
-				}
-				sp.sc = nil
-				return fail(xerr)
+				return fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
 			}
 			return sp
 		}
@@ -238,22 +226,9 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		sp.pidfd = dupPidfd(cmd.Process)
 	}
 	if err := sc.Started(ctx, cmd.Process.Pid); err != nil {
-		// The child never left the hold (or never reached its scope): kill
-		// it, reap it here, and report a failed start.
+		// The child never left the hold (or never reached its scope).
 		_ = cmd.Process.Kill()
-		_, _ = cmd.Process.Wait()
-		r.reaper.reaped(cmd.Process.Pid)
-		if sp.pidfd >= 0 {
-			unix.Close(sp.pidfd)
-			sp.pidfd = -1
-		}
-		sp.proc = nil
-		sp.closeFds()
-		if rerr := sc.Remove(); rerr != nil {
-			r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove scope after failed placement")
-		}
-		sp.sc = nil
-		return fail(fmt.Errorf("place in scope: %w", err))
+		return fail(r.undoStart(e, sp, fmt.Errorf("place in scope: %w", err)))
 	}
 	if sh != nil {
 		// Let the shim go on (a no-op if the backend released it), and wait
@@ -268,19 +243,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 				_ = cmd.Process.Kill()
 				xerr = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("shim did not exec: %v", werr)}
 			}
-			_, _ = cmd.Process.Wait() // the shim exits right after its report
-			r.reaper.reaped(cmd.Process.Pid)
-			if sp.pidfd >= 0 {
-				unix.Close(sp.pidfd)
-				sp.pidfd = -1
-			}
-			sp.proc = nil
-			sp.closeFds()
-			if rerr := sc.Remove(); rerr != nil {
-				r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove scope after failed exec")
-			}
-			sp.sc = nil
-			return fail(xerr)
+			return fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
 		}
 		return sp
 	}
@@ -514,4 +477,24 @@ func otherNetns(pid int32) bool {
 	mine, err1 := os.Readlink("/proc/self/ns/net")
 	theirs, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
 	return err1 == nil && err2 == nil && mine != theirs
+}
+
+// undoStart cleans up after a child that started but will not run the
+// command (it failed to exec, or could not be placed and was killed): it
+// reaps the child here, closes its pidfd and pipes, and removes its scope.
+// It returns err, for the failed start.
+func (r *Reactor) undoStart(e *execution, sp *spawned, err error) error {
+	_, _ = sp.proc.Wait()
+	r.reaper.reaped(sp.proc.Pid)
+	if sp.pidfd >= 0 {
+		unix.Close(sp.pidfd)
+		sp.pidfd = -1
+	}
+	sp.proc = nil
+	sp.closeFds()
+	if rerr := sp.sc.Remove(); rerr != nil {
+		r.log.Warn().Err(rerr).Str("exec_id", e.id).Str("scope", sp.sc.Name()).Msg("remove scope after a failed start")
+	}
+	sp.sc = nil
+	return err
 }

@@ -805,14 +805,7 @@ func (s *systemdScope) SetLimits(ctx context.Context, l Limits) error {
 	w, paths := s.watch, s.paths
 	s.mu.Unlock()
 	if needOOM {
-		if o, err := sdOOMEventfd(paths.Memory); err == nil {
-			s.mu.Lock()
-			s.oom = o
-			s.mu.Unlock()
-			w.runOOM(o, s)
-		} else {
-			s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot register for v1 OOM notifications")
-		}
+		s.watchOOM(w, paths)
 	}
 	return nil
 }

@@ -46,16 +46,23 @@ func (s *systemdScope) startWatch(p sdPaths) *sdWatch {
 		}
 	}
 	if p.Memory != "" && s.limits.MemoryBytes > 0 {
-		if o, err := sdOOMEventfd(p.Memory); err == nil {
-			s.mu.Lock()
-			s.oom = o
-			s.mu.Unlock()
-			w.runOOM(o, s)
-		} else {
-			s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot register for v1 OOM notifications")
-		}
+		s.watchOOM(w, p)
 	}
 	return w
+}
+
+// watchOOM registers for the v1 memory cgroup's OOM notifications, which
+// only a scope with a memory limit needs.
+func (s *systemdScope) watchOOM(w *sdWatch, p sdPaths) {
+	o, err := sdOOMEventfd(p.Memory)
+	if err != nil {
+		s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot register for v1 OOM notifications")
+		return
+	}
+	s.mu.Lock()
+	s.oom = o
+	s.mu.Unlock()
+	w.runOOM(o, s)
 }
 
 // run reads f (non-blocking, so Close unblocks the read) until it is

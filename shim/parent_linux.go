@@ -100,20 +100,9 @@ func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
 	if h.config, err = writeConfig(cfg); err != nil {
 		return nil, err
 	}
-	// The parent's read end is non-blocking so that the reactor can put it
-	// in its epoll set; the child's write end is inherited without
-	// O_CLOEXEC (os/exec dup2s ExtraFiles), and the shim sets O_CLOEXEC on
-	// it again so that a successful exec closes it: EOF then means "exec'd".
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return nil, fmt.Errorf("shim: error pipe: %w", os.NewSyscallError("pipe2", err))
+	if err := h.openErrPipe(); err != nil {
+		return nil, err
 	}
-	h.errR = p[0]
-	if err := unix.SetNonblock(p[1], false); err != nil {
-		unix.Close(p[1])
-		return nil, fmt.Errorf("shim: error pipe: %w", os.NewSyscallError("fcntl", err))
-	}
-	h.errW = os.NewFile(uintptr(p[1]), "corral-shim-error")
 	files := []*os.File{h.config, h.errW}
 	if cfg.Hold {
 		if h.releaseR, h.releaseW, err = os.Pipe(); err != nil {
@@ -313,5 +302,24 @@ func (h *Handle) Close() error {
 		unix.Close(h.errR)
 		h.errR = -1
 	}
+	return nil
+}
+
+// openErrPipe creates the exec-error pipe. The parent's read end is
+// non-blocking so that the reactor can put it in its epoll set; the child's
+// write end is inherited without O_CLOEXEC (os/exec dup2s ExtraFiles), and
+// the shim sets O_CLOEXEC on it again so that a successful exec closes it:
+// EOF then means "exec'd".
+func (h *Handle) openErrPipe() error {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return fmt.Errorf("shim: error pipe: %w", os.NewSyscallError("pipe2", err))
+	}
+	h.errR = p[0]
+	if err := unix.SetNonblock(p[1], false); err != nil {
+		unix.Close(p[1])
+		return fmt.Errorf("shim: error pipe: %w", os.NewSyscallError("fcntl", err))
+	}
+	h.errW = os.NewFile(uintptr(p[1]), "corral-shim-error")
 	return nil
 }

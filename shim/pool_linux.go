@@ -44,16 +44,9 @@ func WrapPooled(cmd *exec.Cmd) (*Handle, error) {
 	if h.config, err = writeConfig(Config{Argv: []string{"(pooled)"}, Deferred: true}); err != nil {
 		return nil, err
 	}
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return nil, fmt.Errorf("shim: error pipe: %w", os.NewSyscallError("pipe2", err))
+	if err := h.openErrPipe(); err != nil {
+		return nil, err
 	}
-	h.errR = p[0]
-	if err := unix.SetNonblock(p[1], false); err != nil {
-		unix.Close(p[1])
-		return nil, fmt.Errorf("shim: error pipe: %w", os.NewSyscallError("fcntl", err))
-	}
-	h.errW = os.NewFile(uintptr(p[1]), "corral-shim-error")
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("shim: dispatch socket: %w", os.NewSyscallError("socketpair", err))
