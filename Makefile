@@ -44,6 +44,8 @@ fuzz:
 
 bench: build
 	CORRAL_BENCH=1 $(GO) test -run '^TestBenchSuite$$' -count=1 -timeout 15m -v ./bench/
+	@echo "== store: durable transitions per second under concurrent writers"
+	$(GO) test -run '^$$' -bench '^BenchmarkTransitions' -benchtime 2s ./store/
 
 install: build
 	DESTDIR=$(DESTDIR) BIN_SRC=$(BIN) sh deploy/install.sh
