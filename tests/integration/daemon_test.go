@@ -404,3 +404,113 @@ func TestWaiterFallbackThroughDaemon(t *testing.T) {
 		t.Error("daemon.info pidfd = true under --no-pidfd")
 	}
 }
+
+// fdCount is the number of fds corrald holds, not counting the store's
+// database files (its read pool opens bounded connections lazily; storeFds
+// checks that bound): the least of a few samples.
+func (d *daemon) fdCount() int {
+	d.t.Helper()
+	least := -1
+	for i := 0; i < 5; i++ {
+		n, _ := d.fds()
+		if least < 0 || n < least {
+			least = n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return least
+}
+
+// fds counts corrald's fds other than its store's files, and those.
+func (d *daemon) fds() (other, store int) {
+	dir := fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	for _, e := range ents {
+		l, _ := os.Readlink(dir + "/" + e.Name())
+		if strings.HasPrefix(l, d.state+"/corral.") { // corral.db, -wal, -shm, corral.lock
+			store++
+		} else {
+			other++
+		}
+	}
+	return other, store
+}
+
+// children lists corrald's child processes with their states.
+func (d *daemon) children() []string {
+	var out []string
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", d.cmd.Process.Pid))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", d.cmd.Process.Pid, task.Name()))
+		for _, pid := range strings.Fields(string(b)) {
+			stat, _ := os.ReadFile("/proc/" + pid + "/stat")
+			out = append(out, string(stat))
+		}
+	}
+	return out
+}
+
+// 1,000 runs through the daemon, half of them cancelled mid-run, leave
+// corrald with the fds it had and no child, zombie or not.
+func TestNoLeakInDaemonAfterThousandRuns(t *testing.T) {
+	d := startDaemon(t, "--scope", "cgroup")
+	c := d.client()
+	run := func(i int) {
+		p := api.StartParams{Argv: []string{"true"}, Cwd: "/"}
+		if i%2 == 1 {
+			p = api.StartParams{Argv: []string{"sleep", "10"}, Cwd: "/", GraceMS: 100}
+		}
+		rec, err := c.Start(context.Background(), p)
+		if err != nil {
+			t.Errorf("start: %v", err)
+			return
+		}
+		if i%2 == 1 {
+			if _, err := c.Cancel(context.Background(), api.CancelParams{ID: rec.ID}); err != nil {
+				t.Errorf("cancel: %v", err)
+			}
+		}
+		rec, err = c.Wait(context.Background(), api.WaitParams{ID: rec.ID})
+		if err != nil || rec.State != api.StateCleaned {
+			t.Errorf("wait: %v %v", rec.State, err)
+		}
+	}
+	burst := func(n int) {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				run(i)
+			}()
+		}
+		wg.Wait()
+	}
+	// Warm up at the same concurrency: the store's read pool opens its
+	// (bounded) connections lazily.
+	burst(64)
+	before := d.fdCount()
+	burst(1000)
+	// The store: a lock, the shared-memory file, and the database and its
+	// WAL for the writer and at most four readers.
+	if _, st := d.fds(); st > 2+2*5 {
+		t.Errorf("corrald holds %d fds of its store, want at most 12", st)
+	}
+	if after := d.fdCount(); after != before {
+		var links []string
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid))
+		for _, e := range ents {
+			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", d.cmd.Process.Pid, e.Name()))
+			links = append(links, e.Name()+"->"+l)
+		}
+		t.Errorf("corrald holds %d fds after 1000 runs, %d before: %v", after, before, links)
+	}
+	if kids := d.children(); len(kids) != 0 {
+		t.Errorf("corrald still has children: %v", kids)
+	}
+}
