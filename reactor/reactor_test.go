@@ -801,3 +801,37 @@ func TestWarmPoolNetworkNoneAndUser(t *testing.T) {
 		t.Errorf("pooled run as nobody: %q, want %q (error %v)", out.Data, want, rec.Error)
 	}
 }
+
+func TestWarmPoolReplacesDeadShim(t *testing.T) {
+	tr := newTestReactor(t, func(c *Config) { c.PoolSize = 1 })
+	deadline := time.Now().Add(10 * time.Second)
+	for tr.pool.idleCount() < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	tr.pool.mu.Lock()
+	victim := tr.pool.idle[0].cmd.Process.Pid
+	tr.pool.mu.Unlock()
+	if err := unix.Kill(victim, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Replaced within the pool's one-second check, and the dead one reaped.
+	for {
+		tr.pool.mu.Lock()
+		replaced := len(tr.pool.idle) == 1 && tr.pool.idle[0].cmd.Process.Pid != victim
+		tr.pool.mu.Unlock()
+		if replaced {
+			break
+		}
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatal("dead pool shim not replaced")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(victim)); !os.IsNotExist(err) {
+		t.Errorf("dead pool shim %d not reaped", victim)
+	}
+	rec := tr.run(api.StartParams{Argv: []string{"echo", "after"}})
+	if tr.stdout(rec.ID) != "after\n" {
+		t.Errorf("run after the replacement: %q", tr.stdout(rec.ID))
+	}
+}
