@@ -56,7 +56,8 @@ func TestBenchSuite(t *testing.T) {
 		// A smoke run of the suite itself: small counts, figures not meaningful.
 		latencyN, latencyWU, spacedN, notifyN = 30, 5, 20, 10
 		tputWindows, drainBytes, drainRounds = 2, 100_000_000, 1
-		scaleN, systemdN = 100, 10
+		scaleMax, systemdN, tputWindows64 = 100, 10, 1
+		profileExecN, profileDrainN = 30, 1
 	}
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
@@ -69,7 +70,9 @@ func TestBenchSuite(t *testing.T) {
 	t.Run("drain", s.benchDrain)
 	t.Run("scale", s.benchScale)
 	t.Run("systemd", s.benchSystemd)
+	t.Run("profile", s.benchProfile)
 
+	s.targetTable()
 	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s. Load average at the end: %s.\n", time.Since(start).Round(time.Second), loadAvg())
 	t.Logf("results:\n%s", s.out.String())
 	if path := os.Getenv("CORRAL_BENCH_OUT"); path != "" {
@@ -122,6 +125,48 @@ type suite struct {
 	bin  string       // built corrald
 	out  bytes.Buffer // Markdown results
 	ndmn int          // daemons started, for unique names
+	// scaleLimit is the RLIMIT_NOFILE of the first scale daemon, which
+	// bounds scaleN.
+	scaleLimit int
+	// targets are the goals, checked against the measured ratios
+	// and printed together at the end.
+	targets []targetRow
+}
+
+// targetRow is one goal: the measured value against its limit.
+type targetRow struct {
+	name         string
+	value, limit float64
+	unit         string
+	atLeast      bool // met when value >= limit (else when value <= limit)
+}
+
+// target records a goal met when value <= limit.
+func (s *suite) target(name string, value, limit float64, unit string) {
+	s.targets = append(s.targets, targetRow{name: name, value: value, limit: limit, unit: unit})
+}
+
+// targetAtLeast records a goal met when value >= limit.
+func (s *suite) targetAtLeast(name string, value, limit float64, unit string) {
+	s.targets = append(s.targets, targetRow{name: name, value: value, limit: limit, unit: unit, atLeast: true})
+}
+
+func (s *suite) targetTable() {
+	if len(s.targets) == 0 {
+		return
+	}
+	fmt.Fprintf(&s.out, "\n### Targets\n\n| target | measured | limit | met |\n|---|---|---|---|\n")
+	for _, r := range s.targets {
+		op, met := "≤", r.value <= r.limit
+		if r.atLeast {
+			op, met = "≥", r.value >= r.limit
+		}
+		verdict := "yes"
+		if !met {
+			verdict = "**no**"
+		}
+		fmt.Fprintf(&s.out, "| %s | %.3g%s | %s %.3g%s | %s |\n", r.name, r.value, r.unit, op, r.limit, r.unit, verdict)
+	}
 }
 
 func (s *suite) header() {
@@ -135,9 +180,10 @@ func (s *suite) header() {
 		goVer = strings.TrimSpace(string(out))
 	}
 	fmt.Fprintf(&s.out, "Machine: %d CPUs (nproc), kernel %s, %s, %s.\n", runtime.NumCPU(), kernel, goVer, cpuModel())
-	fmt.Fprintf(&s.out, "Date: %s. Load average at the start: %s.\n", time.Now().UTC().Format(time.RFC3339), loadAvg())
+	all, runnable := hostProcesses()
+	fmt.Fprintf(&s.out, "Date: %s. Load average at the start: %s; %d processes on the host, %d of them runnable.\n", time.Now().UTC().Format(time.RFC3339), loadAvg(), all, runnable)
 	if p50, p99, fs, err := syncProbe(); err == nil {
-		fmt.Fprintf(&s.out, "State directories live under %s (%s); a 4 KiB write + fdatasync there takes p50 %s ms, p99 %s ms (the store commits with synchronous=FULL).\n",
+		fmt.Fprintf(&s.out, "State directories live under %s (%s); a 4 KiB write + fdatasync there takes p50 %s ms, p99 %s ms (what each group commit of the store costs with --store-sync full; the default, normal, does not fsync per commit).\n",
 			os.TempDir(), fs, ms(p50), ms(p99))
 	}
 	if out, err := exec.Command("git", "describe", "--always", "--dirty").Output(); err == nil {
@@ -261,9 +307,10 @@ type daemon struct {
 	pid    int
 }
 
-// startDaemon starts corrald with the given backend and extra flags and
-// waits until it accepts connections.
-func (s *suite) startDaemon(t *testing.T, name, backend string, extra ...string) *daemon {
+// startDaemon starts corrald with the given backend, warm pool size (given
+// explicitly: the daemon's default depends on the backend) and extra flags,
+// and waits until it accepts connections.
+func (s *suite) startDaemon(t *testing.T, name, backend string, pool int, extra ...string) *daemon {
 	t.Helper()
 	s.ndmn++
 	dir := t.TempDir()
@@ -276,7 +323,8 @@ func (s *suite) startDaemon(t *testing.T, name, backend string, extra ...string)
 	args := []string{"--socket", d.socket, "--state-dir", d.state, "--scope", backend,
 		"--config", "/dev/null", "--log-level", "warn", "--log-format", "json",
 		"--drain", "1s", "--kill-wait", "5s",
-		"--max-running", "20000", "--max-per-uid", "20000"}
+		"--max-running", "20000", "--max-per-uid", "20000",
+		"--pool-size", strconv.Itoa(pool)}
 	if backend == "cgroup" {
 		d.base = filepath.Join(cgroupMount, fmt.Sprintf("corral-bench-%d-%d", os.Getpid(), s.ndmn))
 		args = append(args, "--cgroup-base", d.base)
@@ -532,4 +580,47 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// openFileLimit is the soft RLIMIT_NOFILE of process pid, from
+// /proc/<pid>/limits ("Max open files").
+func openFileLimit(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read limits of %d: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Max open files"); ok {
+			f := strings.Fields(rest)
+			if len(f) < 1 {
+				break
+			}
+			n, err := strconv.Atoi(f[0])
+			if err != nil {
+				return 0, fmt.Errorf("limits of %d: max open files %q: %w", pid, f[0], err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("limits of %d: no max open files line", pid)
+}
+
+// hostProcesses counts the processes on the host and those of them that
+// are running (state R), as a note on what else loads the CPUs.
+func hostProcesses() (all, runnable int) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		all++
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && b[i+2] == 'R' {
+			runnable++
+		}
+	}
+	return all, runnable
 }

@@ -33,7 +33,8 @@ var systemdN = 100 // samples per side
 
 // Sides of the systemd comparison, as keys of the inside process's JSON.
 const (
-	sdCorrald    = "corrald systemd start+wait"
+	sdCorrald    = "corrald systemd --pool-size 4 start+wait"
+	sdCorrald0   = "corrald systemd --pool-size 0 start+wait"
 	sdRunScope   = "systemd-run --scope"
 	sdRunService = "systemd-run --wait (service)"
 	sdBare       = "os/exec Run"
@@ -73,20 +74,24 @@ func (s *suite) benchSystemd(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 		t.Fatalf("decode samples from inside: %v\n%s", err, out.Bytes())
 	}
-	for _, k := range []string{sdCorrald, sdRunScope, sdRunService, sdBare} {
+	for _, k := range []string{sdCorrald, sdCorrald0, sdRunScope, sdRunService, sdBare} {
 		if len(res[k]) != systemdN {
 			t.Fatalf("%d samples of %q from inside, want %d", len(res[k]), k, systemdN)
 		}
 	}
 	s.latencyTable("(f) corrald --scope systemd against systemd-run, /bin/true",
-		fmt.Sprintf("Inside a private systemd 252 booted by tests/harness (own pid, mount and cgroup namespaces; same kernel and CPUs). %d samples per side, four sides interleaved. "+
-			"corrald: exec.start + exec.wait until cleaned, one connection. `systemd-run --scope --quiet --collect /bin/true` (stderr to a pipe, stdout /dev/null): a transient scope around the command, the CLI's own start-up included; "+
+		fmt.Sprintf("Inside a private systemd 252 booted by tests/harness (own pid, mount and cgroup namespaces; same kernel and CPUs). %d samples per side, five sides interleaved. "+
+			"corrald: exec.start + exec.wait until cleaned, one connection per daemon; two daemons, --pool-size 4 (the default under systemd) and --pool-size 0, both store sqlite sync normal. `systemd-run --scope --quiet --collect /bin/true` (stderr to a pipe, stdout /dev/null): a transient scope around the command, the CLI's own start-up included; "+
 			"`systemd-run --wait --quiet --collect /bin/true`: a transient service, waited until it finished.", systemdN),
 		[]latencyRow{
-			{"vs systemd-run --scope", "corrald systemd", sdRunScope, res[sdCorrald], res[sdRunScope]},
-			{"vs systemd-run --wait", "corrald systemd", sdRunService, res[sdCorrald], res[sdRunService]},
-			{"vs bare exec (inside)", "corrald systemd", sdBare, res[sdCorrald], res[sdBare]},
+			{"pool on vs systemd-run --scope", "corrald systemd --pool-size 4", sdRunScope, res[sdCorrald], res[sdRunScope]},
+			{"pool off vs systemd-run --scope", "corrald systemd --pool-size 0", sdRunScope, res[sdCorrald0], res[sdRunScope]},
+			{"pool on vs systemd-run --wait", "corrald systemd --pool-size 4", sdRunService, res[sdCorrald], res[sdRunService]},
+			{"pool on vs bare exec (inside)", "corrald systemd --pool-size 4", sdBare, res[sdCorrald], res[sdBare]},
+			{"pool off vs bare exec (inside)", "corrald systemd --pool-size 0", sdBare, res[sdCorrald0], res[sdBare]},
+			{"systemd-run --scope vs bare exec", sdRunScope, sdBare, res[sdRunScope], res[sdBare]},
 		})
+	s.target("(f) systemd pool-on p50 / systemd-run --scope p50 (5× faster: ≤ 0.2)", float64(durations(res[sdCorrald]).pct(.5))/float64(durations(res[sdRunScope]).pct(.5)), 0.2, "×")
 }
 
 // runSystemdInside is the measuring process of benchSystemd. It starts
@@ -106,52 +111,81 @@ func runSystemdInside() int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "corrald.sock")
-	d := exec.Command(bin, "--socket", sock, "--state-dir", filepath.Join(dir, "state"), "--scope", "systemd",
-		"--config", "/dev/null", "--log-level", "warn", "--log-format", "json", "--drain", "1s")
-	logf, err := os.Create(filepath.Join(dir, "corrald.log"))
-	if err != nil {
-		log.Error().Err(err).Msg("log file")
+	var logs []string
+	fail := func(err error, msg string) int {
+		ev := log.Error().Err(err)
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			ev = ev.Str(filepath.Base(l), string(b))
+		}
+		ev.Msg(msg)
 		return 1
 	}
-	defer logf.Close()
-	d.Stdout, d.Stderr = logf, logf
-	if err := d.Start(); err != nil {
-		log.Error().Err(err).Msg("start corrald")
-		return 1
-	}
+	// startInside starts one corrald under the harness systemd and returns
+	// its client; its stop is deferred by the caller through stops.
+	var stops []func()
 	defer func() {
-		_ = d.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = d.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = d.Process.Kill()
-			<-done
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
 		}
 	}()
-	fail := func(err error, msg string) int {
-		b, _ := os.ReadFile(logf.Name())
-		log.Error().Err(err).Str("corrald_log", string(b)).Msg(msg)
-		return 1
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
+	startInside := func(name string, pool int) (*ipc.Client, error) {
+		sock := filepath.Join(dir, name+".sock")
+		d := exec.Command(bin, "--socket", sock, "--state-dir", filepath.Join(dir, "state-"+name), "--scope", "systemd",
+			"--config", "/dev/null", "--log-level", "warn", "--log-format", "json", "--drain", "1s",
+			"--pool-size", strconv.Itoa(pool), "--slice", "corral-"+name+".slice")
+		logName := filepath.Join(dir, name+".log")
+		logs = append(logs, logName)
+		logf, err := os.Create(logName)
+		if err != nil {
+			return nil, fmt.Errorf("log file: %w", err)
 		}
-		if time.Now().After(deadline) {
-			return fail(nil, "corrald did not listen within 15s")
+		d.Stdout, d.Stderr = logf, logf
+		err = d.Start()
+		logf.Close()
+		if err != nil {
+			return nil, fmt.Errorf("start corrald %s: %w", name, err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		stops = append(stops, func() {
+			_ = d.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = d.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				_ = d.Process.Kill()
+				<-done
+			}
+		})
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			if c, err := net.Dial("unix", sock); err == nil {
+				c.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("corrald %s did not listen within 15s", name)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		c, err := ipc.Dial(sock)
+		if err != nil {
+			return nil, fmt.Errorf("dial corrald %s: %w", name, err)
+		}
+		stops = append(stops, func() { c.Close() })
+		return c, nil
 	}
-	c, err := ipc.Dial(sock)
+	// The pool-less daemon first: a daemon starting up kills every
+	// corral-*.scope it finds (CleanLeftovers), which would include the
+	// other daemon's pool.
+	c0, err := startInside("pool0", 0)
 	if err != nil {
-		return fail(err, "dial corrald")
+		return fail(err, "start corrald --pool-size 0")
 	}
-	defer c.Close()
+	c, err := startInside("pool4", 4)
+	if err != nil {
+		return fail(err, "start corrald --pool-size 4")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
@@ -185,26 +219,29 @@ func runSystemdInside() int {
 			return nil
 		}
 	}
-	viaCorrald := func() error {
-		rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
-		if err != nil {
-			return fmt.Errorf("exec.start: %w", err)
+	viaCorrald := func(c *ipc.Client) func() error {
+		return func() error {
+			rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
+			if err != nil {
+				return fmt.Errorf("exec.start: %w", err)
+			}
+			rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
+			if err != nil {
+				return fmt.Errorf("exec.wait: %w", err)
+			}
+			if rec.ExitCode == nil || *rec.ExitCode != 0 || rec.Backend != "systemd" && rec.Backend != "" {
+				b, _ := json.Marshal(rec)
+				return fmt.Errorf("want exit 0 under the systemd backend; got %s", b)
+			}
+			return nil
 		}
-		rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
-		if err != nil {
-			return fmt.Errorf("exec.wait: %w", err)
-		}
-		if rec.ExitCode == nil || *rec.ExitCode != 0 || rec.Backend != "systemd" && rec.Backend != "" {
-			b, _ := json.Marshal(rec)
-			return fmt.Errorf("want exit 0 under the systemd backend; got %s", b)
-		}
-		return nil
 	}
 	const warmup = 5
 	for i := 0; i < warmup+n && firstErr == nil; i++ {
 		rec := i >= warmup
 		rotate(i,
-			timed(sdCorrald, rec, viaCorrald),
+			timed(sdCorrald, rec, viaCorrald(c)),
+			timed(sdCorrald0, rec, viaCorrald(c0)),
 			timed(sdRunScope, rec, run("systemd-run", "--scope", "--quiet", "--collect", "/bin/true")),
 			timed(sdRunService, rec, run("systemd-run", "--wait", "--quiet", "--collect", "/bin/true")),
 			timed(sdBare, rec, func() error { return exec.Command("/bin/true").Run() }),

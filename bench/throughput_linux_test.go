@@ -17,9 +17,10 @@ import (
 const tputWindow = time.Second // one measuring window of one side
 
 var (
-	tputWindows       = 5 // windows per side, alternating with the baseline
-	drainBytes  int64 = 1_000_000_000
-	drainRounds       = 3
+	tputWindows         = 5 // windows per side, alternating with the baseline
+	tputWindows64       = 3 // windows per side with 64 clients (bounds the time)
+	drainBytes    int64 = 1_000_000_000
+	drainRounds         = 3
 )
 
 // rateRow is one comparison of a throughput table: one value per window or
@@ -107,11 +108,15 @@ func window(k int, d time.Duration, op func(worker int) error) (float64, error) 
 // until cleaned) with 1 and 8 clients, each on its own connection, against
 // os/exec Run from as many goroutines; 1 s windows alternating.
 func (s *suite) benchThroughput(t *testing.T) {
-	d := s.startDaemon(t, "throughput", "cgroup")
-	dnp := s.startDaemon(t, "throughput-nopool", "cgroup", "--pool-size", "0")
+	d := s.startDaemon(t, "throughput-pool4", "cgroup", 4)
+	dnp := s.startDaemon(t, "throughput-pool0", "cgroup", 0)
 	ctx := ctxT(t, 5*time.Minute)
 	var rows []rateRow
-	for _, k := range []int{1, 8} {
+	for _, k := range []int{1, 8, 64} {
+		windows := tputWindows
+		if k == 64 {
+			windows = tputWindows64
+		}
 		clients := make([]*ipc.Client, k)
 		npClients := make([]*ipc.Client, k)
 		for i := range clients {
@@ -135,7 +140,7 @@ func (s *suite) benchThroughput(t *testing.T) {
 		}
 		bare := func(int) error { return exec.Command("/bin/true").Run() }
 		var dr, nr, br []float64
-		for i := 0; i < tputWindows; i++ {
+		for i := 0; i < windows; i++ {
 			rotate(i,
 				func() {
 					r, err := window(k, tputWindow, func(w int) error { return viaDaemon(clients[w]) })
@@ -161,13 +166,13 @@ func (s *suite) benchThroughput(t *testing.T) {
 		}
 		base := fmt.Sprintf("os/exec Run ×%d goroutines", k)
 		rows = append(rows,
-			rateRow{name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup (pool 4)", baseName: base, unit: "exec/s", side1: dr, base: br},
+			rateRow{name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup --pool-size 4", baseName: base, unit: "exec/s", side1: dr, base: br},
 			rateRow{name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup --pool-size 0", baseName: base, unit: "exec/s", side1: nr, base: br},
 		)
 	}
 	s.rateTable("(d) executions per second, /bin/true",
-		fmt.Sprintf("Each client its own connection, looping exec.start + exec.wait (until cleaned), against a daemon with its default warm pool and one with --pool-size 0; baseline: as many goroutines looping os/exec Run in the benchmark process. "+
-			"%d windows of %s per side, the three sides rotating; the table gives the median window and the range.", tputWindows, tputWindow),
+		fmt.Sprintf("Each client its own connection, looping exec.start + exec.wait (until cleaned), against a daemon with --pool-size 4 and one with --pool-size 0 (cgroup backend, store sqlite sync normal); baseline: as many goroutines looping os/exec Run in the benchmark process. "+
+			"%d windows of %s per side (%d with 64 clients, to bound the time), the three sides rotating; a window ends when the last call started before its deadline returns, and the rate counts over the whole window. The table gives the median window and the range.", tputWindows, tputWindow, tputWindows64),
 		rows)
 }
 
@@ -176,14 +181,15 @@ func (s *suite) benchThroughput(t *testing.T) {
 // counted and dropped) against the same command with stdout on /dev/null
 // and with stdout on an os/exec pipe read into io.Discard.
 func (s *suite) benchDrain(t *testing.T) {
-	d := s.startDaemon(t, "drain", "cgroup")
+	d := s.startDaemon(t, "drain", "cgroup", 0)
 	c := d.client(t)
+	py, why := startPyPeer(t)
 	ctx := ctxT(t, 5*time.Minute)
 	argv := []string{"/usr/bin/head", "-c", fmt.Sprint(drainBytes), "/dev/zero"}
-	var viaDaemon, devNull, goPipe []float64
+	var viaDaemon, devNull, goPipe, viaPy []float64
 	const gb = 1e9
 	for i := 0; i < drainRounds; i++ {
-		rotate(i,
+		sides := []func(){
 			func() {
 				t0 := time.Now()
 				rec, err := c.Start(ctx, api.StartParams{Argv: argv, TimeoutMS: 300000})
@@ -221,16 +227,33 @@ func (s *suite) benchDrain(t *testing.T) {
 					t.Fatalf("head to an os/exec pipe: read %d bytes, want %d", n, drainBytes)
 				}
 				goPipe = append(goPipe, float64(drainBytes)/el.Seconds()/gb)
-			})
+			},
+		}
+		if py != nil {
+			sides = append(sides, func() { viaPy = append(viaPy, float64(drainBytes)/py.drain(t, drainBytes).Seconds()/gb) })
+		}
+		rotate(i, sides...)
 	}
+	rows := []rateRow{
+		{"corrald vs /dev/null", "corrald cgroup", "stdout on /dev/null", "GB/s", viaDaemon, devNull},
+		{"corrald vs Go pipe reader", "corrald cgroup", "os/exec pipe → counter", "GB/s", viaDaemon, goPipe},
+	}
+	pyNote := "The seed's asyncio run_limited (4096-byte reads, keeps 256,000 bytes, drops the rest) is one more side, timed by the python peer itself."
+	if py != nil {
+		rows = append(rows,
+			rateRow{"run_limited vs /dev/null", "python3 asyncio run_limited", "stdout on /dev/null", "GB/s", viaPy, devNull},
+			rateRow{"corrald vs run_limited", "corrald cgroup", "python3 asyncio run_limited", "GB/s", viaDaemon, viaPy},
+		)
+	} else {
+		pyNote = "The seed's run_limited side was skipped: " + why + "."
+	}
+	s.targetAtLeast("(e) drain through corrald, fraction of /dev/null speed", median(viaDaemon)/median(devNull), 0.5, "×")
 	s.rateTable("(e) output drain throughput, 1 GB on stdout",
 		fmt.Sprintf("`head -c %d /dev/zero`; corrald: exec.start to exec.wait (cleaned), default output_limit_bytes (262144 kept, the rest counted and dropped); "+
-			"baselines: os/exec Run with stdout on /dev/null, and with stdout on an os/exec pipe copied to a byte counter in the benchmark process. %d rounds per side, interleaved.",
-			drainBytes, drainRounds),
-		[]rateRow{
-			{"corrald vs /dev/null", "corrald cgroup", "stdout on /dev/null", "GB/s", viaDaemon, devNull},
-			{"corrald vs Go pipe reader", "corrald cgroup", "os/exec pipe → counter", "GB/s", viaDaemon, goPipe},
-		})
+			"baselines: os/exec Run with stdout on /dev/null, and with stdout on an os/exec pipe copied to a byte counter in the benchmark process. %d rounds per side, interleaved. "+
+			"Daemon: cgroup backend, --pool-size 0. %s",
+			drainBytes, drainRounds, pyNote),
+		rows)
 }
 
 // countWriter counts what is written to it and keeps nothing.

@@ -1,0 +1,122 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// pyPeerScript is the seed article's asyncio run_limited, driven one command
+// per line (see the script's doc string).
+const pyPeerScript = "testdata/run_limited_peer.py"
+
+// pyPeer is one python3 process running pyPeerScript. Owned by the test
+// goroutine that started it; stopped by a t.Cleanup.
+type pyPeer struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines *bufio.Scanner
+}
+
+// pyResult is the peer's answer to one command.
+type pyResult struct {
+	NS         int64  `json:"ns"`
+	Code       *int   `json:"code"`
+	StdoutKept int    `json:"stdout_kept"`
+	Truncated  bool   `json:"truncated"`
+	Error      string `json:"error"`
+}
+
+// startPyPeer starts the peer, or returns nil with the reason when python3
+// is not there.
+func startPyPeer(t *testing.T) (*pyPeer, string) {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		return nil, "no python3 on PATH"
+	}
+	script, err := filepath.Abs(pyPeerScript)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, script)
+	// The peer's children inherit its environment, so they carry the mark.
+	cmd.Env = append(os.Environ(), markEnv+"="+markValue()+"-python")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start python peer: %v", err)
+	}
+	p := &pyPeer{cmd: cmd, in: in, lines: bufio.NewScanner(out)}
+	t.Cleanup(func() {
+		_, _ = io.WriteString(in, "quit\n")
+		in.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("python peer: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("python peer did not quit within 30s; killed")
+		}
+	})
+	return p, ""
+}
+
+// do sends one command and returns the peer's answer.
+func (p *pyPeer) do(t *testing.T, command string) pyResult {
+	t.Helper()
+	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
+		t.Fatalf("python peer %q: %v", command, err)
+	}
+	if !p.lines.Scan() {
+		t.Fatalf("python peer %q: no answer: %v", command, p.lines.Err())
+	}
+	var r pyResult
+	if err := json.Unmarshal(p.lines.Bytes(), &r); err != nil {
+		t.Fatalf("python peer %q: answer %q: %v", command, p.lines.Text(), err)
+	}
+	if r.Error != "" {
+		t.Fatalf("python peer %q: %s", command, r.Error)
+	}
+	return r
+}
+
+// runTrue is one run_limited(["/bin/true"]) in the peer; the time is the
+// peer's own (perf_counter_ns around the await).
+func (p *pyPeer) runTrue(t *testing.T) time.Duration {
+	t.Helper()
+	r := p.do(t, "true")
+	if r.Code == nil || *r.Code != 0 {
+		t.Fatalf("python run_limited /bin/true: exit code %v, want 0", r.Code)
+	}
+	return time.Duration(r.NS)
+}
+
+// drain is one run_limited of head -c n /dev/zero in the peer; it checks
+// that the function kept its 256,000 bytes and flagged the truncation.
+func (p *pyPeer) drain(t *testing.T, n int64) time.Duration {
+	t.Helper()
+	r := p.do(t, fmt.Sprintf("drain %d", n))
+	if r.Code == nil || *r.Code != 0 || r.StdoutKept != min(int(n), 256_000) || !r.Truncated {
+		t.Fatalf("python run_limited head -c %d: code %v, kept %d, truncated %v; want 0, 256000, true", n, r.Code, r.StdoutKept, r.Truncated)
+	}
+	return time.Duration(r.NS)
+}
