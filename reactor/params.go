@@ -26,6 +26,7 @@ const (
 	maxTimeoutMS   = int64(7 * 24 * time.Hour / time.Millisecond)
 	maxOutputLimit = 64 << 20
 	maxStdinBuffer = 8 << 20 // bytes queued for a child's stdin
+	maxList        = 1000    // records exec.list returns at most
 )
 
 // normalize validates p and fills in defaults. Errors are -32602 naming the

@@ -505,6 +505,10 @@ func (r *Reactor) List(ctx context.Context, caller api.Owner, p api.ListParams) 
 	if p.Limit < 0 {
 		return res, api.Errorf(api.CodeInvalidParams, "limit: must not be negative")
 	}
+	if p.Limit == 0 || p.Limit > maxList {
+		// An hour of retained records can be many: answers stay bounded.
+		p.Limit = maxList
+	}
 	res.Executions = []api.Record{}
 	if lerr := r.onLoop(ctx, func() {
 	next:
@@ -534,9 +538,7 @@ func (r *Reactor) List(ctx context.Context, caller api.Owner, p api.ListParams) 
 	if want != 0 {
 		f.State = &want
 	}
-	if p.Limit > 0 {
-		f.Limit = p.Limit + len(res.Executions)
-	}
+	f.Limit = p.Limit + len(res.Executions)
 	if want == 0 || want == api.StateCleaned {
 		old, serr := r.store.List(f)
 		if serr != nil {
@@ -555,7 +557,7 @@ func (r *Reactor) List(ctx context.Context, caller api.Owner, p api.ListParams) 
 	sort.Slice(res.Executions, func(i, j int) bool {
 		return res.Executions[i].CreatedAt.After(res.Executions[j].CreatedAt)
 	})
-	if p.Limit > 0 && len(res.Executions) > p.Limit {
+	if len(res.Executions) > p.Limit {
 		res.Executions = res.Executions[:p.Limit]
 	}
 	return res, nil
