@@ -38,6 +38,24 @@ type phases struct {
 	toCreated, toStarted, toExited, toCleaned, toAnswer durations
 }
 
+// phaseNames names the phases in the order of phases.list.
+var phaseNames = []string{
+	"client sends exec.start → created_at",
+	"created_at → started_at (workspace, pipes, scope, fork or pooled shim, exec)",
+	"started_at → exited_at (child runs, exit seen)",
+	"exited_at → cleaned_at (tree gone, scope and workspace removed)",
+	"cleaned_at → client has the exec.wait answer",
+}
+
+// list returns the phases in the order of phaseNames.
+func (p *phases) list() []durations {
+	return []durations{p.toCreated, p.toStarted, p.toExited, p.toCleaned, p.toAnswer}
+}
+
+// phaseKey is the key of phase i of side in the JSON of the systemd
+// measuring process.
+func phaseKey(side string, i int) string { return fmt.Sprintf("phase %d of %s", i, side) }
+
 func (p *phases) add(t0, answered time.Time, rec api.Record) {
 	if rec.StartedAt == nil || rec.ExitedAt == nil || rec.CleanedAt == nil {
 		return
@@ -141,7 +159,10 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	mem := s.startDaemon(t, "cgroup-memory", "cgroup", 0, "--store", "memory")
 	full := s.startDaemon(t, "cgroup-full", "cgroup", 0, "--store-sync", "full")
 	pg0 := s.startDaemon(t, "pgroup-pool0", "pgroup", 0)
-	c4, c0, cmem, cfull, cpg := cg4.client(t), cg0.client(t), mem.client(t), full.client(t), pg0.client(t)
+	// The follow side has a daemon of its own, so that the store sides
+	// above all hold the same number of records.
+	fo := s.startDaemon(t, "cgroup-pool0-follow", "cgroup", 0)
+	c4, c0, cmem, cfull, cpg, cfo := cg4.client(t), cg0.client(t), mem.client(t), full.client(t), pg0.client(t), fo.client(t)
 	py, why := startPyPeer(t)
 	ctx := ctxT(t, 5*time.Minute)
 
@@ -174,7 +195,7 @@ func (s *suite) benchExecLatency(t *testing.T) {
 			wait(cfull, &wFull, &phFull),
 			wait(cpg, &wPg, &phPg),
 			func() {
-				e, c := runFollow(t, ctx, c0)
+				e, c := runFollow(t, ctx, cfo)
 				add(&f0Exited, e)
 				add(&f0Cleaned, c)
 			},
@@ -254,17 +275,8 @@ func (s *suite) benchExecLatency(t *testing.T) {
 		{"cgroup --pool-size 4", &ph4}, {"cgroup --pool-size 0", &ph0}, {"cgroup --pool-size 0 --store memory", &phMem},
 		{"cgroup --pool-size 0 --store-sync full", &phFull}, {"pgroup --pool-size 0", &phPg},
 	} {
-		for _, r := range []struct {
-			name string
-			d    durations
-		}{
-			{"client sends exec.start → created_at", b.ph.toCreated},
-			{"created_at → started_at (workspace, pipes, scope, fork or pooled shim, exec)", b.ph.toStarted},
-			{"started_at → exited_at (child runs, exit seen)", b.ph.toExited},
-			{"exited_at → cleaned_at (tree gone, scope and workspace removed)", b.ph.toCleaned},
-			{"cleaned_at → client has the exec.wait answer", b.ph.toAnswer},
-		} {
-			fmt.Fprintf(&s.out, "| %s | %s | %s | %s |\n", b.name, r.name, ms(r.d.pct(.5)), ms(r.d.pct(.99)))
+		for i, d := range b.ph.list() {
+			fmt.Fprintf(&s.out, "| %s | %s | %s | %s |\n", b.name, phaseNames[i], ms(d.pct(.5)), ms(d.pct(.99)))
 		}
 	}
 }
@@ -411,12 +423,13 @@ func (s *suite) benchExitNotify(t *testing.T) {
 	nm := s.startDaemon(t, "notify-normal", "cgroup", 0)
 	fu := s.startDaemon(t, "notify-full", "cgroup", 0, "--store-sync", "full")
 	np := s.startDaemon(t, "notify-no-pidfd", "cgroup", 0, "--no-pidfd")
-	cnm, cfu, cnp := nm.client(t), fu.client(t), np.client(t)
+	me := s.startDaemon(t, "notify-memory", "cgroup", 0, "--store", "memory")
+	cnm, cfu, cnp, cme := nm.client(t), fu.client(t), np.client(t), me.client(t)
 	ctx := ctxT(t, 5*time.Minute)
 	var (
-		normal, full, nopidfd, polled, waited durations
-		nmStamp, fuStamp, npStamp             durations
-		nmSend, fuSend                        durations
+		normal, full, nopidfd, mem, polled, waited durations
+		nmStamp, fuStamp, npStamp, meStamp         durations
+		nmSend, fuSend, meSend                     durations
 	)
 	for i := 0; i < 5+notifyN; i++ {
 		rec := i >= 5
@@ -439,6 +452,7 @@ func (s *suite) benchExitNotify(t *testing.T) {
 			daemon(cnm, &normal, &nmStamp, &nmSend),
 			daemon(cfu, &full, &fuStamp, &fuSend),
 			daemon(cnp, &nopidfd, &npStamp, nil),
+			daemon(cme, &mem, &meStamp, &meSend),
 			func() { add(&polled, notifyLocal(t, true)) },
 			func() { add(&waited, notifyLocal(t, false)) },
 		)
@@ -448,21 +462,25 @@ func (s *suite) benchExitNotify(t *testing.T) {
 	s.latencyTable("(b) exit-to-notification latency",
 		fmt.Sprintf("`sleep 60`, waited until it sleeps; at T0 the benchmark SIGKILLs the child itself (kill(2) on its pid: no RPC in the measured path); "+
 			"end: the exec.state notification with state exited at the client (corrald, following on its own connection) or the moment the baseline learns of the exit. "+
-			"%d samples per side, five sides interleaved; all daemons cgroup backend, --pool-size 0.", notifyN),
+			"%d samples per side, six sides interleaved; all daemons cgroup backend, --pool-size 0.", notifyN),
 		[]latencyRow{
 			{"sync normal (default) vs polling", "corrald (pidfd)", poll, normal, polled},
 			{"sync full vs polling", "corrald --store-sync full", poll, full, polled},
 			{"waiter goroutine vs polling", "corrald --no-pidfd", poll, nopidfd, polled},
+			{"no store vs polling", "corrald --store memory", poll, mem, polled},
 			{"sync normal vs blocking wait", "corrald (pidfd)", wait4, normal, waited},
 			{"sync full vs blocking wait", "corrald --store-sync full", wait4, full, waited},
 			{"waiter goroutine vs blocking wait", "corrald --no-pidfd", wait4, nopidfd, waited},
+			{"no store vs blocking wait", "corrald --store memory", wait4, mem, waited},
 			{"sync normal, T0 → exited_at stamp", "corrald (pidfd)", wait4, nmStamp, waited},
 			{"sync full, T0 → exited_at stamp", "corrald --store-sync full", wait4, fuStamp, waited},
 			{"waiter, T0 → exited_at stamp", "corrald --no-pidfd", wait4, npStamp, waited},
+			{"no store, T0 → exited_at stamp", "corrald --store memory", wait4, meStamp, waited},
 		})
 	fmt.Fprintf(&s.out, "\nFrom the exited_at stamp to the notification at the client (transition stored, record encoded and sent, client decodes): "+
-		"p50 %s ms, p99 %s ms with sync normal; p50 %s ms, p99 %s ms with sync full. The polling baseline's T0 is at a random phase of its %s period.\n",
-		ms(nmSend.pct(.5)), ms(nmSend.pct(.99)), ms(fuSend.pct(.5)), ms(fuSend.pct(.99)), pollEvery)
+		"p50 %s ms, p99 %s ms with sync normal; p50 %s ms, p99 %s ms with sync full; p50 %s ms, p99 %s ms with no store (--store memory). The polling baseline's T0 is at a random phase of its %s period.\n",
+		ms(nmSend.pct(.5)), ms(nmSend.pct(.99)), ms(fuSend.pct(.5)), ms(fuSend.pct(.99)), ms(meSend.pct(.5)), ms(meSend.pct(.99)), pollEvery)
+	s.target("(b) exit→notification p99, --store memory (ms)", float64(mem.pct(.99))/1e6, 1, " ms")
 	s.target("(b) exit→notification p99, sync normal (ms)", float64(normal.pct(.99))/1e6, 1, " ms")
 	s.target("(b) exit→notification p99, sync full (ms)", float64(full.pct(.99))/1e6, 1, " ms")
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -91,6 +92,13 @@ func (s *suite) benchSystemd(t *testing.T) {
 			{"pool off vs bare exec (inside)", "corrald systemd --pool-size 0", sdBare, res[sdCorrald0], res[sdBare]},
 			{"systemd-run --scope vs bare exec", sdRunScope, sdBare, res[sdRunScope], res[sdBare]},
 		})
+	fmt.Fprintf(&s.out, "\nWhere corrald's start+wait time goes under systemd, by the timestamps in each final record:\n\n| daemon | phase | p50 ms | p99 ms |\n|---|---|---|---|\n")
+	for _, name := range []string{sdCorrald, sdCorrald0} {
+		for i, phase := range phaseNames {
+			d := durations(res[phaseKey(name, i)])
+			fmt.Fprintf(&s.out, "| %s | %s | %s | %s |\n", strings.TrimSuffix(name, " start+wait"), phase, ms(d.pct(.5)), ms(d.pct(.99)))
+		}
+	}
 	s.target("(f) systemd pool-on p50 / systemd-run --scope p50 (5× faster: ≤ 0.2)", float64(durations(res[sdCorrald]).pct(.5))/float64(durations(res[sdRunScope]).pct(.5)), 0.2, "×")
 }
 
@@ -219,15 +227,24 @@ func runSystemdInside() int {
 			return nil
 		}
 	}
-	viaCorrald := func(c *ipc.Client) func() error {
+	var (
+		recording bool // the current round is recorded (not warm-up)
+		ph4, ph0  phases
+	)
+	viaCorrald := func(c *ipc.Client, ph *phases) func() error {
 		return func() error {
+			t0 := time.Now()
 			rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
 			if err != nil {
 				return fmt.Errorf("exec.start: %w", err)
 			}
 			rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
+			answered := time.Now()
 			if err != nil {
 				return fmt.Errorf("exec.wait: %w", err)
+			}
+			if recording {
+				ph.add(t0, answered, rec)
 			}
 			if rec.ExitCode == nil || *rec.ExitCode != 0 || rec.Backend != "systemd" && rec.Backend != "" {
 				b, _ := json.Marshal(rec)
@@ -239,9 +256,10 @@ func runSystemdInside() int {
 	const warmup = 5
 	for i := 0; i < warmup+n && firstErr == nil; i++ {
 		rec := i >= warmup
+		recording = rec
 		rotate(i,
-			timed(sdCorrald, rec, viaCorrald(c)),
-			timed(sdCorrald0, rec, viaCorrald(c0)),
+			timed(sdCorrald, rec, viaCorrald(c, &ph4)),
+			timed(sdCorrald0, rec, viaCorrald(c0, &ph0)),
 			timed(sdRunScope, rec, run("systemd-run", "--scope", "--quiet", "--collect", "/bin/true")),
 			timed(sdRunService, rec, run("systemd-run", "--wait", "--quiet", "--collect", "/bin/true")),
 			timed(sdBare, rec, func() error { return exec.Command("/bin/true").Run() }),
@@ -249,6 +267,11 @@ func runSystemdInside() int {
 	}
 	if firstErr != nil {
 		return fail(firstErr, "measure")
+	}
+	for name, ph := range map[string]*phases{sdCorrald: &ph4, sdCorrald0: &ph0} {
+		for i, d := range ph.list() {
+			res[phaseKey(name, i)] = d
+		}
 	}
 	b, err := json.Marshal(res)
 	if err != nil {

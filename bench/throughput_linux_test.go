@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"sort"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
@@ -186,7 +189,7 @@ func (s *suite) benchDrain(t *testing.T) {
 	py, why := startPyPeer(t)
 	ctx := ctxT(t, 5*time.Minute)
 	argv := []string{"/usr/bin/head", "-c", fmt.Sprint(drainBytes), "/dev/zero"}
-	var viaDaemon, devNull, goPipe, viaPy []float64
+	var viaDaemon, devNull, goPipe, viaPy, spliced []float64
 	const gb = 1e9
 	for i := 0; i < drainRounds; i++ {
 		sides := []func(){
@@ -228,6 +231,7 @@ func (s *suite) benchDrain(t *testing.T) {
 				}
 				goPipe = append(goPipe, float64(drainBytes)/el.Seconds()/gb)
 			},
+			func() { spliced = append(spliced, float64(drainBytes)/spliceDrain(t, argv).Seconds()/gb) },
 		}
 		if py != nil {
 			sides = append(sides, func() { viaPy = append(viaPy, float64(drainBytes)/py.drain(t, drainBytes).Seconds()/gb) })
@@ -237,6 +241,9 @@ func (s *suite) benchDrain(t *testing.T) {
 	rows := []rateRow{
 		{"corrald vs /dev/null", "corrald cgroup", "stdout on /dev/null", "GB/s", viaDaemon, devNull},
 		{"corrald vs Go pipe reader", "corrald cgroup", "os/exec pipe → counter", "GB/s", viaDaemon, goPipe},
+		{"corrald vs zero-copy reader", "corrald cgroup", "pipe spliced to /dev/null", "GB/s", viaDaemon, spliced},
+		{"zero-copy reader vs /dev/null", "pipe spliced to /dev/null", "stdout on /dev/null", "GB/s", spliced, devNull},
+		{"Go pipe reader vs /dev/null", "os/exec pipe → counter", "stdout on /dev/null", "GB/s", goPipe, devNull},
 	}
 	pyNote := "The seed's asyncio run_limited (4096-byte reads, keeps 256,000 bytes, drops the rest) is one more side, timed by the python peer itself."
 	if py != nil {
@@ -250,10 +257,64 @@ func (s *suite) benchDrain(t *testing.T) {
 	s.targetAtLeast("(e) drain through corrald, fraction of /dev/null speed", median(viaDaemon)/median(devNull), 0.5, "×")
 	s.rateTable("(e) output drain throughput, 1 GB on stdout",
 		fmt.Sprintf("`head -c %d /dev/zero`; corrald: exec.start to exec.wait (cleaned), default output_limit_bytes (262144 kept, the rest counted and dropped); "+
-			"baselines: os/exec Run with stdout on /dev/null, and with stdout on an os/exec pipe copied to a byte counter in the benchmark process. %d rounds per side, interleaved. "+
+			"baselines: os/exec Run with stdout on /dev/null, with stdout on an os/exec pipe copied to a byte counter in the benchmark process, "+
+			"and with stdout on a 1 MiB pipe that the benchmark splice(2)s to /dev/null (no copy to user space: the ceiling of any reader of a pipe). %d rounds per side, interleaved. "+
 			"Daemon: cgroup backend, --pool-size 0. %s",
 			drainBytes, drainRounds, pyNote),
 		rows)
+}
+
+// spliceDrain runs argv with stdout on a pipe (1 MiB, as corrald's) that
+// this process splices to /dev/null until EOF: moving the bytes out of the
+// pipe without copying them to user space. It returns the elapsed time.
+func spliceDrain(t *testing.T, argv []string) time.Duration {
+	t.Helper()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatalf("pipe: %v", err)
+	}
+	_, _ = unix.FcntlInt(uintptr(p[0]), unix.F_SETPIPE_SZ, 1<<20)
+	r, w := os.NewFile(uintptr(p[0]), "drain-r"), os.NewFile(uintptr(p[1]), "drain-w")
+	defer r.Close()
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		w.Close()
+		t.Fatal(err)
+	}
+	defer null.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout = w
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		t.Fatalf("start %v: %v", argv, err)
+	}
+	w.Close()
+	rfd, nfd := int(r.Fd()), int(null.Fd()) // Fd leaves them blocking
+	var total int64
+	for {
+		n, err := unix.Splice(rfd, nil, nfd, nil, 1<<20, unix.SPLICE_F_MOVE)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("splice: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %v", argv, err)
+	}
+	el := time.Since(t0)
+	if total != drainBytes {
+		t.Fatalf("spliced %d bytes, want %d", total, drainBytes)
+	}
+	return el
 }
 
 // countWriter counts what is written to it and keeps nothing.
