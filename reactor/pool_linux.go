@@ -123,11 +123,26 @@ func (p *pool) run() {
 		case <-p.stop:
 			return
 		case <-p.wake:
+			// A take just handed a shim its command: creating the next
+			// one at once would compete with that command for the CPU on
+			// its critical path. Refill a moment later, unless the pool
+			// ran dry.
+			if p.idleCount() > 0 {
+				select {
+				case <-p.stop:
+					return
+				case <-time.After(refillDelay):
+				}
+			}
 		case <-check.C:
 			p.replaceDead()
 		}
 	}
 }
+
+// refillDelay is how long the pool waits after a take before it starts a
+// replacement shim (see run).
+const refillDelay = 25 * time.Millisecond
 
 // create starts a pooled shim in a new scope.
 func (p *pool) create() (*pooled, error) {

@@ -151,7 +151,7 @@ func New(cfg Config) (*Reactor, error) {
 		execs:   make(map[string]*execution),
 		dirty:   make(map[*execution]struct{}),
 		perUID:  make(map[uint32]int),
-		readBuf: make([]byte, 256<<10),
+		readBuf: make([]byte, pipeSize), // one read can empty a full pipe
 	}
 	if cfg.PoolSize > 0 {
 		r.pool = newPool(r, cfg.PoolSize)
