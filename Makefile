@@ -28,8 +28,11 @@ lint:
 
 # Unit tests (race detector on), then the integration tests: against a real
 # corrald on this host, and inside a private systemd booted by tests/harness.
+# One package at a time (-p 1): several tests check limits and timings of
+# real processes, which two packages' daemons fighting over two cores would
+# blur.
 test: lint build
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 -p 1 -timeout 30m ./...
 	$(MAKE) fuzz
 
 fuzz:
