@@ -23,7 +23,7 @@ import (
 )
 
 var (
-	profileExecN  = 300 // start+wait of /bin/true under the CPU profile
+	profileExecN  = 1000 // start+wait of /bin/true under the CPU profile
 	profileDrainN = 2   // 1 GB drains under the CPU profile
 )
 

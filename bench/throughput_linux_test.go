@@ -258,7 +258,7 @@ func (s *suite) benchDrain(t *testing.T) {
 	s.rateTable("(e) output drain throughput, 1 GB on stdout",
 		fmt.Sprintf("`head -c %d /dev/zero`; corrald: exec.start to exec.wait (cleaned), default output_limit_bytes (262144 kept, the rest counted and dropped); "+
 			"baselines: os/exec Run with stdout on /dev/null, with stdout on an os/exec pipe copied to a byte counter in the benchmark process, "+
-			"and with stdout on a 1 MiB pipe that the benchmark splice(2)s to /dev/null (no copy to user space: the ceiling of any reader of a pipe). %d rounds per side, interleaved. "+
+			"and with stdout on a 1 MiB pipe that the benchmark splice(2)s to /dev/null in blocking calls (the bytes leave the pipe without a copy to user space). %d rounds per side, interleaved. "+
 			"Daemon: cgroup backend, --pool-size 0. %s",
 			drainBytes, drainRounds, pyNote),
 		rows)
@@ -267,6 +267,8 @@ func (s *suite) benchDrain(t *testing.T) {
 // spliceDrain runs argv with stdout on a pipe (1 MiB, as corrald's) that
 // this process splices to /dev/null until EOF: moving the bytes out of the
 // pipe without copying them to user space. It returns the elapsed time.
+// (Not necessarily faster than read(2): each blocking splice wakes up for
+// whatever the writer has just put in the pipe.)
 func spliceDrain(t *testing.T, argv []string) time.Duration {
 	t.Helper()
 	var p [2]int
