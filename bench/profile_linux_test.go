@@ -24,7 +24,7 @@ import (
 
 var (
 	profileExecN  = 1000 // start+wait of /bin/true under the CPU profile
-	profileDrainN = 2   // 1 GB drains under the CPU profile
+	profileDrainN = 2    // 1 GB drains under the CPU profile
 )
 
 // profileEnv names a directory to keep the CPU profiles in (else they go
