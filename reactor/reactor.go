@@ -304,7 +304,7 @@ func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record)
 		id = newID(now)
 	}
 	e := &execution{
-		id: id, owner: caller, params: p, created: now,
+		id: id, owner: caller, params: p,
 		state: api.StateStarted, pidfd: -1,
 		waiters:   make(map[chan api.Record]struct{}),
 		followers: make(map[*follower]struct{}),

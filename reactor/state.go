@@ -36,18 +36,17 @@ var legal = map[api.State][]api.State{
 }
 
 // execution is one supervised command. All fields are owned by the loop
-// goroutine; the immutable ones (id, owner, params, created) may be read
+// goroutine; the immutable ones (id, owner, params) may be read
 // anywhere once the execution is published in Reactor.execs.
 type execution struct {
-	id      string
-	owner   api.Owner
-	params  api.StartParams
-	created time.Time
+	id     string
+	owner  api.Owner
+	params api.StartParams
 
-	state   api.State
-	rec     api.Record  // the record as clients see it, kept current
-	pending api.Outcome // why corral is ending it (timeout, cancelled, cpu_limit, memory_limit), or ""
-	hardKil bool        // the pending outcome asked for SIGKILL at once
+	state    api.State
+	rec      api.Record  // the record as clients see it, kept current
+	pending  api.Outcome // why corral is ending it (timeout, cancelled, cpu_limit, memory_limit), or ""
+	hardKill bool        // the pending outcome asked for SIGKILL at once
 
 	proc    *os.Process
 	pidfd   int // dup'd pidfd in the loop's epoll set; -1 when none
@@ -57,7 +56,6 @@ type execution struct {
 	work    string // workspace to delete at cleanup, or ""
 
 	timeout, grace, killWait, sampler, reap *eventloop.Timer
-	killSent                                time.Time
 	scopeEmpty                              bool
 	cleaning                                bool // remove/delete running off-loop
 
@@ -104,7 +102,7 @@ func (r *Reactor) toRunning(e *execution) {
 	r.audit(e, "running").Int("pid", e.proc.Pid).Msg("execution running")
 	r.commit(e, from)
 	if e.pending != "" {
-		r.toCanceling(e, e.pending, e.hardKil)
+		r.toCanceling(e, e.pending, e.hardKill)
 	}
 }
 
@@ -115,7 +113,7 @@ func (r *Reactor) toCanceling(e *execution, why api.Outcome, hard bool) {
 	if e.state == api.StateStarted {
 		// Still spawning: toRunning applies it.
 		if e.pending == "" {
-			e.pending, e.hardKil = why, hard
+			e.pending, e.hardKill = why, hard
 		}
 		return
 	}
@@ -337,9 +335,6 @@ func (r *Reactor) killTree(e *execution) {
 				r.log.Warn().Err(err).Str("exec_id", id).Msg("kill tree")
 			}
 		}()
-	}
-	if e.killSent.IsZero() {
-		e.killSent = time.Now()
 	}
 	if e.state.Finished() || e.killWait != nil {
 		return
