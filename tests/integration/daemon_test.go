@@ -352,11 +352,12 @@ func TestGigabyteOutputKeepsDaemonRSSBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	var peak int64
+	id := rec.ID // rec is reassigned below while the sampler runs
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for {
-			r, err := c.Get(context.Background(), rec.ID)
+			r, err := c.Get(context.Background(), id)
 			if err != nil || r.State == api.StateCleaned {
 				return
 			}
