@@ -258,10 +258,13 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	sp := r.spawn(e, runAs)
 	// Hand the child to the loop whatever the client does now: from here
 	// the execution belongs to the reactor.
+	// The answer waits until the running (or failed-start) record is
+	// durable: a record the client was given is one recovery knows, scope
+	// and pid included.
 	recCh := make(chan api.Record, 1)
 	r.post(func() {
+		e.startAck = recCh
 		r.adopt(e, sp)
-		recCh <- r.snapshot(e)
 	})
 	select {
 	case rec := <-recCh:

@@ -61,7 +61,8 @@ type execution struct {
 
 	waiters   map[chan api.Record]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}
-	done      bool // cleaned, and durable: waiters are answered at once
+	done      bool            // cleaned, and durable: waiters are answered at once
+	startAck  chan api.Record // exec.start's answer, sent once its first transition is durable
 }
 
 // transition moves e to next if the state machine allows it.
@@ -290,7 +291,13 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 func (r *Reactor) commit(e *execution, from api.State) {
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
-	r.persist(e, from, rec, func(bool) { r.tell(e, rec) })
+	r.persist(e, from, rec, func(bool) {
+		r.tell(e, rec)
+		if e.startAck != nil {
+			e.startAck <- rec
+			e.startAck = nil
+		}
+	})
 }
 
 // tell sends a state notification to e's followers.
