@@ -18,9 +18,10 @@ import (
 
 // cgMount is one line of /proc/self/mountinfo that matters to us.
 type cgMount struct {
-	Root   string // root of the mount within its filesystem
-	Point  string // mount point
-	FSType string // "cgroup2", "cgroup", "tmpfs", ...
+	Root      string // root of the mount within its filesystem
+	Point     string // mount point
+	FSType    string // "cgroup2", "cgroup", "tmpfs", ...
+	SuperOpts string // per-superblock options: a v1 hierarchy's controllers ("rw,cpuacct", "rw,name=systemd")
 }
 
 // cgParseMountinfo returns the mounts listed in a /proc/self/mountinfo text.
@@ -45,6 +46,9 @@ func cgParseMountinfo(data []byte) []cgMount {
 			Point:  cgUnescapeMount(fields[4]),
 			FSType: fields[sep+1],
 		})
+		if sep+3 < len(fields) {
+			out[len(out)-1].SuperOpts = fields[sep+3]
+		}
 	}
 	return out
 }

@@ -60,21 +60,9 @@ func (m sdMount) dir(cg string) string {
 // sdParseLayout finds the hierarchies in a /proc/self/mountinfo text.
 func sdParseLayout(mountinfo []byte) sdLayout {
 	var l sdLayout
-	for line := range bytes.Lines(mountinfo) {
-		// id parent major:minor root mountpoint options [optional...] - fstype source superopts
-		fields := strings.Fields(string(line))
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || sep+3 >= len(fields) {
-			continue
-		}
-		m := sdMount{Point: cgUnescapeMount(fields[4]), Root: cgUnescapeMount(fields[3])}
-		switch fields[sep+1] {
+	for _, mnt := range cgParseMountinfo(mountinfo) {
+		m := sdMount{Point: mnt.Point, Root: mnt.Root}
+		switch mnt.FSType {
 		case "cgroup2":
 			// Prefer the conventional places; else the first one seen.
 			if l.Unified.Point == "" || m.Point == "/sys/fs/cgroup" ||
@@ -82,7 +70,7 @@ func sdParseLayout(mountinfo []byte) sdLayout {
 				l.Unified = m
 			}
 		case "cgroup":
-			for _, opt := range strings.Split(fields[sep+3], ",") {
+			for _, opt := range strings.Split(mnt.SuperOpts, ",") {
 				switch opt {
 				case "name=systemd":
 					l.Systemd = sdFirst(l.Systemd, m)
