@@ -287,13 +287,20 @@ exec "$@"`
 // command enters the harness's cgroups, then all its namespaces, keeping
 // the caller's working directory (entering a mount namespace resets it to
 // "/"), and runs argv.
+//
+// The directory is entered inside, by its inside path (InsidePath), not
+// with nsenter --wd: nsenter opens that directory before it enters the
+// mount namespace, and a working directory on the host's /tmp mount is
+// then "unreachable" inside (getcwd fails), which breaks a checkout that
+// lives under /tmp.
 func (s *Systemd) command(ctx context.Context, argv ...string) *exec.Cmd {
 	wd, err := os.Getwd()
 	if err != nil {
 		wd = "/"
 	}
 	a := []string{"-c", enterScript, "sh", strings.Join(s.execProcs, " "),
-		"nsenter", "-t", strconv.Itoa(s.initPID), "-p", "-m", "-C", "-u", "-i", "--wd=" + wd, "--"}
+		"nsenter", "-t", strconv.Itoa(s.initPID), "-p", "-m", "-C", "-u", "-i", "--",
+		"/bin/sh", "-c", `cd "$0" && exec "$@"`, InsidePath(wd)}
 	return exec.CommandContext(ctx, "/bin/sh", append(a, argv...)...)
 }
 
