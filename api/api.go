@@ -325,18 +325,16 @@ type PoolInfo struct {
 type Code int
 
 const (
-	CodeParseError      Code = -32700
-	CodeInvalidRequest  Code = -32600
-	CodeMethodNotFound  Code = -32601
-	CodeInvalidParams   Code = -32602
-	CodeInternal        Code = -32603
-	CodeNotFound        Code = -32001
-	CodePermission      Code = -32002
-	CodeOverCapacity    Code = -32003
-	CodeIdempotency     Code = -32004
-	CodeShuttingDown    Code = -32005
-	CodeNotImplemented  Code = -32006 // extension: the backend cannot do what was asked
-	CodeInvalidArgument      = CodeInvalidParams
+	CodeParseError     Code = -32700
+	CodeInvalidRequest Code = -32600
+	CodeMethodNotFound Code = -32601
+	CodeInvalidParams  Code = -32602
+	CodeInternal       Code = -32603
+	CodeNotFound       Code = -32001
+	CodePermission     Code = -32002
+	CodeOverCapacity   Code = -32003
+	CodeIdempotency    Code = -32004
+	CodeShuttingDown   Code = -32005
 )
 
 // Error is an error with a JSON-RPC code; its Message is safe to show to the

@@ -117,7 +117,7 @@ var knownCodes = map[api.Code]bool{
 	api.CodeParseError: true, api.CodeInvalidRequest: true, api.CodeMethodNotFound: true,
 	api.CodeInvalidParams: true, api.CodeInternal: true, api.CodeNotFound: true,
 	api.CodePermission: true, api.CodeOverCapacity: true, api.CodeIdempotency: true,
-	api.CodeShuttingDown: true, api.CodeNotImplemented: true,
+	api.CodeShuttingDown: true,
 }
 
 // checkResponse validates one response object and returns its id
