@@ -260,6 +260,19 @@ func (p *pool) close() {
 	}
 }
 
+// pooled takes a waiting shim for a command that would otherwise start a
+// shim of its own (needShim), or returns nil. A pooled shim saves the
+// scope and the shim's start-up; but waking it and having a Go process
+// exec costs more than os/exec's direct vfork + exec, so a command that
+// needs no shim (root, host network, no systemd) starts directly and
+// leaves the pool (and its hit and miss counts) alone.
+func (r *Reactor) pooled(needShim bool) *pooled {
+	if !needShim {
+		return nil
+	}
+	return r.pool.take()
+}
+
 // dispatchPooled runs cfg in a pooled shim: it applies the request's
 // limits to the entry's scope, hands over the command and its stdio, and
 // waits for the exec. On failure before the command could run, the entry

@@ -749,29 +749,51 @@ func TestWarmPool(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	// The pool serves commands that need a shim: here, a caller other
+	// than root (the shim drops to its user).
+	nobody := api.Owner{UID: 65534, GID: 65534, PID: 1}
+	run := func(p api.StartParams) api.Record {
+		t.Helper()
+		rec, err := tr.Start(context.Background(), nobody, p)
+		if err != nil {
+			t.Fatalf("Start(%v) = %v", p.Argv, err)
+		}
+		return tr.wait(rec.ID)
+	}
 	waitIdle(2)
-	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "echo pooled $0; echo err >&2; exit 6"}, Stdin: []byte("x")})
-	if rec.ExitCode == nil || *rec.ExitCode != 6 || tr.stdout(rec.ID) != "pooled sh\n" || rec.Stderr.TotalBytes != 4 {
+	rec := run(api.StartParams{Argv: []string{"sh", "-c", "echo pooled $0 $(id -u); echo err >&2; exit 6"}, Stdin: []byte("x")})
+	if rec.ExitCode == nil || *rec.ExitCode != 6 || tr.stdout(rec.ID) != "pooled sh 65534\n" || rec.Stderr.TotalBytes != 4 {
 		t.Errorf("pooled run: exit %v stdout %q stderr %d bytes", rec.ExitCode, tr.stdout(rec.ID), rec.Stderr.TotalBytes)
 	}
 	waitIdle(2)
-	rec = tr.run(api.StartParams{Argv: []string{"cat"}, Stdin: []byte("through the pool")})
+	rec = run(api.StartParams{Argv: []string{"cat"}, Stdin: []byte("through the pool")})
 	if got := tr.stdout(rec.ID); got != "through the pool" {
 		t.Errorf("stdin through a pooled shim: %q", got)
 	}
 	waitIdle(1)
-	rec = tr.run(api.StartParams{Argv: []string{"no-such-corral-cmd"}})
+	rec = run(api.StartParams{Argv: []string{"no-such-corral-cmd"}})
 	if outcome(rec) != api.OutcomeStartFailed || rec.StartErrno != "ENOENT" {
 		t.Errorf("pooled start failure: %v %q", outcome(rec), rec.StartErrno)
 	}
 	waitIdle(1)
-	rec = tr.run(api.StartParams{Argv: []string{"sleep", "10"}, TimeoutMS: 200, GraceMS: 100})
+	rec = run(api.StartParams{Argv: []string{"sleep", "10"}, TimeoutMS: 200, GraceMS: 100})
 	if outcome(rec) != api.OutcomeTimeout {
 		t.Errorf("pooled timeout: %v", outcome(rec))
 	}
 	info, _ := tr.Info(context.Background())
-	if info.Pool == nil || info.Pool.Hits < 3 || info.Pool.Size != 2 {
-		t.Errorf("daemon.info pool = %+v, want >= 3 hits of size 2 (the missing command fails before the pool)", info.Pool)
+	if info.Pool == nil || info.Pool.Hits != 4 || info.Pool.Misses != 0 || info.Pool.Size != 2 {
+		t.Errorf("daemon.info pool = %+v, want 4 hits, no miss, size 2", info.Pool)
+	}
+
+	// A root caller's command on the host network needs no shim without
+	// systemd: it starts directly and leaves the pool alone.
+	waitIdle(2)
+	if rec := tr.run(api.StartParams{Argv: []string{"true"}}); rec.ExitCode == nil || *rec.ExitCode != 0 {
+		t.Errorf("direct start next to a pool: exit %v", rec.ExitCode)
+	}
+	info, _ = tr.Info(context.Background())
+	if info.Pool.Hits != 4 || info.Pool.Misses != 0 || info.Pool.Idle != 2 {
+		t.Errorf("after a root command with no shim: pool = %+v, want it untouched (4 hits, 2 idle)", info.Pool)
 	}
 }
 

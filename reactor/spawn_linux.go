@@ -135,8 +135,16 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	}
 	limits := scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS}
 
+	// Without systemd, a root caller's command on the host network is
+	// exec'd straight from os/exec (vfork + exec) into a cgroup or session
+	// made in place; every other command goes through the shim (corrald
+	// re-executed), to be held until its systemd scope holds it, to enter a
+	// new network namespace, or to drop to the caller's user.
+	hold := r.cfg.Backend.Name() == "systemd"
+	needShim := hold || p.Network == "none" || asUser
+
 	// The warm pool: a shim already in its own scope takes the command.
-	if pe := r.pool.take(); pe != nil {
+	if pe := r.pooled(needShim); pe != nil {
 		cfg := shimConfig(p, env, dir, sp.work != "", cred)
 		cfg.NewNetNS = p.Network == "none"
 		if xerr, ok := r.dispatchPooled(pe, cfg, limits, stdin, outW, errW); ok {
@@ -170,15 +178,13 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	}
 	// The shim: corrald re-executed as the child, to hold it until the
 	// systemd scope holds it, and to do what SysProcAttr cannot (bring up
-	// lo in a new network namespace before dropping to the user).
-	var sh *shim.Handle
-	// A non-root user's workspace sits under the root-only state directory:
+	// lo in a new network namespace before dropping to the user). A
+	// non-root user's workspace sits under the root-only state directory:
 	// the shim enters it before dropping privileges, which os/exec cannot
-	// (it changes the credentials first, then the directory).
-	// A non-root user always goes through the shim: it enters the
-	// workspace (under the root-owned state directory) before dropping
-	// privileges, and checks cwd and argv[0] as the user.
-	if hold := r.cfg.Backend.Name() == "systemd"; hold || p.Network == "none" || asUser {
+	// (it changes the credentials first, then the directory), and checks
+	// cwd and argv[0] as the user.
+	var sh *shim.Handle
+	if needShim {
 		cfg := shimConfig(p, env, dir, sp.work != "", cred)
 		cfg.Hold = hold
 		cmd.SysProcAttr.Credential = nil // the shim drops privileges itself, last

@@ -675,7 +675,9 @@ func (s *systemdScope) closeShimLocked() {
 }
 
 // stopAndWait stops unit (if loaded) and waits until it is unloaded or
-// inactive.
+// inactive. Every unit corral makes has CollectMode inactive-or-failed, so
+// a stop job that ends "done" is the end; other results (canceled by a
+// newer job, timeout) are followed by polling the unit's state.
 func (b *systemdBackend) stopAndWait(ctx context.Context, unit string) error {
 	res, err := b.runJob(ctx, func(c *sddbus.Conn, ch chan<- string) error {
 		_, err := c.StopUnitContext(ctx, unit, "replace", ch)
@@ -686,9 +688,13 @@ func (b *systemdBackend) stopAndWait(ctx context.Context, unit string) error {
 		return nil // not loaded: already gone
 	case err != nil:
 		return fmt.Errorf("stop: %w", err)
-	case res != "done":
-		b.opts.Log.Debug().Str("unit", unit).Str("result", res).Msg("stop job did not finish as done")
+	case res == "done":
+		// The unit reached inactive or failed, and CollectMode
+		// inactive-or-failed unloads it in either: its cgroups are gone.
+		// Asking for its state would cost two more round trips.
+		return nil
 	}
+	b.opts.Log.Debug().Str("unit", unit).Str("result", res).Msg("stop job did not finish as done")
 	for {
 		gone, err := b.unitGone(ctx, unit)
 		if err != nil {
