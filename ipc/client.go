@@ -378,54 +378,51 @@ func (c *Client) Follow(ctx context.Context, p api.FollowParams, onNote func(met
 
 // Start calls exec.start.
 func (c *Client) Start(ctx context.Context, p api.StartParams) (api.Record, error) {
-	var r api.Record
-	return r, c.Call(ctx, "exec.start", p, &r)
+	return callAs[api.Record](ctx, c, "exec.start", p)
 }
 
 // Get calls exec.get.
 func (c *Client) Get(ctx context.Context, id string) (api.Record, error) {
-	var r api.Record
-	return r, c.Call(ctx, "exec.get", api.IDParams{ID: id}, &r)
+	return callAs[api.Record](ctx, c, "exec.get", api.IDParams{ID: id})
 }
 
 // Wait calls exec.wait.
 func (c *Client) Wait(ctx context.Context, p api.WaitParams) (api.Record, error) {
-	var r api.Record
-	return r, c.Call(ctx, "exec.wait", p, &r)
+	return callAs[api.Record](ctx, c, "exec.wait", p)
 }
 
 // Cancel calls exec.cancel.
 func (c *Client) Cancel(ctx context.Context, p api.CancelParams) (api.Record, error) {
-	var r api.Record
-	return r, c.Call(ctx, "exec.cancel", p, &r)
+	return callAs[api.Record](ctx, c, "exec.cancel", p)
 }
 
 // Signal calls exec.signal.
 func (c *Client) Signal(ctx context.Context, p api.SignalParams) (api.Record, error) {
-	var r api.Record
-	return r, c.Call(ctx, "exec.signal", p, &r)
+	return callAs[api.Record](ctx, c, "exec.signal", p)
 }
 
 // Write calls exec.write.
 func (c *Client) Write(ctx context.Context, p api.WriteParams) (api.WriteResult, error) {
-	var r api.WriteResult
-	return r, c.Call(ctx, "exec.write", p, &r)
+	return callAs[api.WriteResult](ctx, c, "exec.write", p)
 }
 
 // List calls exec.list.
 func (c *Client) List(ctx context.Context, p api.ListParams) (api.ListResult, error) {
-	var r api.ListResult
-	return r, c.Call(ctx, "exec.list", p, &r)
+	return callAs[api.ListResult](ctx, c, "exec.list", p)
 }
 
 // Output calls exec.output.
 func (c *Client) Output(ctx context.Context, p api.OutputParams) (api.OutputResult, error) {
-	var r api.OutputResult
-	return r, c.Call(ctx, "exec.output", p, &r)
+	return callAs[api.OutputResult](ctx, c, "exec.output", p)
 }
 
 // Info calls daemon.info.
 func (c *Client) Info(ctx context.Context) (api.Info, error) {
-	var r api.Info
-	return r, c.Call(ctx, "daemon.info", nil, &r)
+	return callAs[api.Info](ctx, c, "daemon.info", nil)
+}
+
+// callAs makes one call and decodes its result into a T.
+func callAs[T any](ctx context.Context, c *Client, method string, params any) (T, error) {
+	var r T
+	return r, c.Call(ctx, method, params, &r)
 }

@@ -337,31 +337,15 @@ func secretKey(b []byte) (verdict, hit) {
 	if b[i] == '"' || b[i] == '\'' {
 		i++
 	}
-	n, more := blanks(b[i:])
-	if more {
-		return needMore, hit{}
-	}
-	if n > maxBlanks {
-		return noMatch, hit{}
-	}
-	i += n
-	if i == len(b) {
-		return needMore, hit{}
+	var v verdict
+	if i, v = skipBlanks(b, i); v != match {
+		return v, hit{}
 	}
 	if b[i] != '=' && b[i] != ':' {
 		return noMatch, hit{}
 	}
-	i++
-	n, more = blanks(b[i:])
-	if more {
-		return needMore, hit{}
-	}
-	if n > maxBlanks {
-		return noMatch, hit{}
-	}
-	i += n
-	if i == len(b) {
-		return needMore, hit{}
+	if i, v = skipBlanks(b, i+1); v != match {
+		return v, hit{}
 	}
 	if b[i] == '"' || b[i] == '\'' {
 		i++
@@ -373,6 +357,22 @@ func secretKey(b []byte) (verdict, hit) {
 		return noMatch, hit{}
 	}
 	return match, hit{keep: i, n: i + 1, next: modeSkip, skip: secretChars}
+}
+
+// skipBlanks steps over at most maxBlanks blanks from b[i]. On match it
+// returns the index of the next byte, which exists; needMore when b ends
+// first; noMatch when there are too many blanks.
+func skipBlanks(b []byte, i int) (int, verdict) {
+	n, more := blanks(b[i:])
+	switch {
+	case more:
+		return i, needMore
+	case n > maxBlanks:
+		return i, noMatch
+	case i+n == len(b):
+		return i, needMore
+	}
+	return i + n, match
 }
 
 // pemMarker matches prefix ("-----BEGIN " or "-----END "), a label of 1 to

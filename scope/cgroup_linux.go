@@ -469,15 +469,7 @@ func (s *cgroupScope) Empty() (bool, error) {
 // returns the last reading it made, so read Stats before Remove for the final
 // usage.
 func (s *cgroupScope) Stats() (Stats, error) {
-	st := Stats{
-		CPUUsageNS:  Unknown,
-		CPUUserNS:   Unknown,
-		CPUSystemNS: Unknown,
-		MemoryPeak:  Unknown,
-		TasksPeak:   Unknown,
-		Tasks:       Unknown,
-		OOMKills:    Unknown,
-	}
+	st := unknownStats()
 	data, err := cgRead(s.dir, "cpu.stat")
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

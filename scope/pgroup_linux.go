@@ -127,15 +127,7 @@ func (s *pgroupScope) Empty() (bool, error) {
 // Stats measures nothing: counting a group's members or CPU would need a scan
 // of all of /proc.
 func (s *pgroupScope) Stats() (Stats, error) {
-	return Stats{
-		CPUUsageNS:  Unknown,
-		CPUUserNS:   Unknown,
-		CPUSystemNS: Unknown,
-		MemoryPeak:  Unknown,
-		TasksPeak:   Unknown,
-		Tasks:       Unknown,
-		OOMKills:    Unknown,
-	}, nil
+	return unknownStats(), nil
 }
 
 // Remove has nothing to delete.

@@ -66,6 +66,12 @@ type Stats struct {
 // Unknown is the value of a Stats field a backend cannot measure.
 const Unknown = -1
 
+// unknownStats is a reading with every field Unknown, the start of any
+// backend's reading.
+func unknownStats() Stats {
+	return Stats{Unknown, Unknown, Unknown, Unknown, Unknown, Unknown, Unknown}
+}
+
 // Backend creates scopes.
 type Backend interface {
 	// Name is "systemd", "cgroup" or "pgroup".

@@ -346,10 +346,6 @@ var (
 	_ LimitReporter = (*systemdScope)(nil)
 )
 
-func unknownStats() Stats {
-	return Stats{Unknown, Unknown, Unknown, Unknown, Unknown, Unknown, Unknown}
-}
-
 func (s *systemdScope) Name() string { return s.unit }
 
 // sdMinTasks is the lowest TasksMax the backend sets: room for the held
