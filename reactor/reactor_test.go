@@ -317,12 +317,20 @@ func TestNoLeakAfterThousandRuns(t *testing.T) {
 
 func TestHandleUseAfterWait(t *testing.T) {
 	tr := newTestReactor(t, nil)
-	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"true"}})
+	// cat runs until its stdin closes, so the execution is still in the
+	// reactor's table when the test takes it (a finished one leaves it).
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"cat"}, StdinOpen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var e *execution
 	tr.onLoop(context.Background(), func() { e = tr.execs[rec.ID] })
+	if e == nil {
+		t.Fatalf("execution %s not in the reactor while it runs", rec.ID)
+	}
+	if _, err := tr.Write(context.Background(), root, api.WriteParams{ID: rec.ID, Close: true}); err != nil {
+		t.Fatalf("close stdin: %v", err)
+	}
 	rec = tr.wait(rec.ID)
 	var pidfd int
 	tr.onLoop(context.Background(), func() { pidfd = e.pidfd })

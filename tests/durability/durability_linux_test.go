@@ -24,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 // seqOutput is what `seq 1 n` prints.
@@ -241,7 +242,7 @@ func TestKillNineThenRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := d2.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+	if err := d2.Stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	c = e.start().client()
@@ -452,12 +453,12 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 	}
 
 	began := time.Now()
-	if err := d1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := d1.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	// While it drains, new work is refused with -32005.
 	refused := false
-	for !refused && !d1.exited() && time.Since(began) < 900*time.Millisecond {
+	for !refused && !d1.Exited() && time.Since(began) < 900*time.Millisecond {
 		rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"true"}, Cwd: "/"})
 		switch {
 		case rpcCode(err) == api.CodeShuttingDown:
@@ -471,11 +472,11 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 	if !refused {
 		t.Errorf("exec.start was not refused with %d during the 1s drain", api.CodeShuttingDown)
 	}
-	if err := d1.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+	if err := d1.Stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if d1.waitErr != nil {
-		t.Errorf("corrald after SIGTERM: %v, want a clean exit", d1.waitErr)
+	if err := d1.WaitErr(); err != nil {
+		t.Errorf("corrald after SIGTERM: %v, want a clean exit", err)
 	}
 	if took := time.Since(began); took < time.Second {
 		t.Errorf("corrald stopped after %v, before its 1s drain", took)
@@ -632,7 +633,7 @@ func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
 		t.Fatalf("exec.start after freeing space: %v", err)
 	}
 	waitCleaned(t, c, rec.ID)
-	if err := d1.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+	if err := d1.Stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 
@@ -765,7 +766,7 @@ func TestSecondDaemonLeavesRunningExecutionsAlone(t *testing.T) {
 		t.Fatalf("second corrald on the same state dir still runs after 20s:\n%s", out.String())
 	}
 	if !p.alive() {
-		t.Errorf("the live daemon's execution (pid %d) was killed by the refused second corrald:\n%s", p.pid, tail(out.String(), 3000))
+		t.Errorf("the live daemon's execution (pid %d) was killed by the refused second corrald:\n%s", p.pid, testd.Tail(out.String(), 3000))
 	}
 	got, err := c.Get(ctx(t), rec.ID)
 	if err != nil {
@@ -796,13 +797,9 @@ func TestRestartWithAnotherCgroupBase(t *testing.T) {
 	cgroup := scopeDir(rec)
 	d1.kill9()
 
-	oldBase := e.base
-	t.Cleanup(func() {
-		if err := removeCgroupTree(oldBase); err != nil {
-			t.Errorf("clean up the first cgroup base: %v", err)
-		}
-	})
-	e.base = oldBase + "-moved"
+	// The env's cleanup removes the first base; this one's removes the
+	// second.
+	e.base = testd.CgroupBase(t, cgroupRoot, "corral-dur-moved")
 	c = e.start().client()
 	got, err := c.Get(ctx(t), rec.ID)
 	if err != nil {

@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,13 +16,13 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 var (
 	binDir     string // holds the corrald built for this run
 	skipReason string // non-empty: the host cannot run these tests
 	cgroupRoot string // the cgroup2 mount the daemons use
-	baseSeq    atomic.Int64
 )
 
 func TestMain(m *testing.M) {
@@ -46,22 +42,16 @@ func runMain(m *testing.M) int {
 	if skipReason != "" {
 		return m.Run() // every test skips with the reason
 	}
-	dir, err := os.MkdirTemp("", "corral-dur-bin-")
+	dir, err := testd.Build("corral-dur-bin-", "corrald")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "durability: %v\n", err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
 	binDir = dir
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "corrald"), "../../cmd/corrald")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "durability: build corrald: %v\n%s", err, out)
-		return 1
-	}
-	fds, gs := openFDs(), runtime.NumGoroutine()
+	before := testd.Measure()
 	code := m.Run()
-	if err := checkLeaks(fds, gs); err != nil {
+	if err := before.Check(5 * time.Second); err != nil {
 		fmt.Fprintf(os.Stderr, "durability: %v\n", err)
 		if code == 0 {
 			code = 1
@@ -70,56 +60,27 @@ func runMain(m *testing.M) int {
 	return code
 }
 
-// openFDs counts this process's open file descriptors.
-func openFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return -1
-	}
-	return len(ents)
-}
-
-// checkLeaks reports file descriptors or goroutines beyond the counts
-// before the tests, after giving closing connections a moment to finish.
-func checkLeaks(fds, goroutines int) error {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		nf, ng := openFDs(), runtime.NumGoroutine()
-		if nf <= fds && ng <= goroutines {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			buf = buf[:runtime.Stack(buf, true)]
-			return fmt.Errorf("leak after the tests: %d fds (before %d), %d goroutines (before %d):\n%s", nf, fds, ng, goroutines, buf)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // findCgroup2 returns the cgroup2 mount point (the hybrid layout's
 // /sys/fs/cgroup/unified, or a unified /sys/fs/cgroup), or "" if there is
 // none whose cgroups can be killed with cgroup.kill.
 func findCgroup2() string {
-	for _, p := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
-		var st unix.Statfs_t
-		if unix.Statfs(p, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
-			continue
-		}
-		// cgroup.kill exists in every non-root cgroup from Linux 5.14; look
-		// for it in our own.
-		b, err := os.ReadFile("/proc/self/cgroup")
-		if err != nil {
-			return ""
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if rel, ok := strings.CutPrefix(l, "0::"); ok {
-				if rel == "/" {
-					return p // the root has no cgroup.kill; trust the kernel version
-				}
-				if _, err := os.Stat(filepath.Join(p, rel, "cgroup.kill")); err == nil {
-					return p
-				}
+	p := testd.Cgroup2Mount()
+	if p == "" {
+		return ""
+	}
+	// cgroup.kill exists in every non-root cgroup from Linux 5.14; look for
+	// it in our own.
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rel, ok := strings.CutPrefix(l, "0::"); ok {
+			if rel == "/" {
+				return p // the root has no cgroup.kill; trust the kernel version
+			}
+			if _, err := os.Stat(filepath.Join(p, rel, "cgroup.kill")); err == nil {
+				return p
 			}
 		}
 	}
@@ -154,46 +115,9 @@ func newEnv(t *testing.T, stateDir string) *env {
 	if stateDir == "" {
 		stateDir = filepath.Join(dir, "state")
 	}
-	e := &env{
+	return &env{
 		t: t, dir: dir, state: stateDir, socket: filepath.Join(dir, "corrald.sock"),
-		base: filepath.Join(cgroupRoot, fmt.Sprintf("corral-dur-%d-%d", os.Getpid(), baseSeq.Add(1))),
-	}
-	t.Cleanup(func() {
-		if err := removeCgroupTree(e.base); err != nil {
-			t.Errorf("clean up cgroup base: %v", err)
-		}
-	})
-	return e
-}
-
-// removeCgroupTree kills every process under dir and removes dir and its
-// children. A missing dir is fine.
-func removeCgroupTree(dir string) error {
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, ent := range ents {
-		if ent.IsDir() {
-			if err := removeCgroupTree(filepath.Join(dir, ent.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := unix.Rmdir(dir)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("rmdir %s: %w", dir, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		base: testd.CgroupBase(t, cgroupRoot, "corral-dur"),
 	}
 }
 
@@ -220,12 +144,8 @@ func mountTmpfs(t *testing.T, size string) string {
 
 // daemon is one run of corrald in an env.
 type daemon struct {
-	t       *testing.T
-	env     *env
-	cmd     *exec.Cmd
-	logPath string
-	done    chan struct{} // closed once cmd.Wait returned
-	waitErr error
+	*testd.Daemon
+	t *testing.T
 }
 
 // start runs corrald with the env's socket, state dir and cgroup base and
@@ -234,93 +154,26 @@ type daemon struct {
 func (e *env) start(args ...string) *daemon {
 	e.t.Helper()
 	e.runs++
-	d := &daemon{t: e.t, env: e, logPath: filepath.Join(e.dir, fmt.Sprintf("corrald-%d.log", e.runs)), done: make(chan struct{})}
-	logf, err := os.Create(d.logPath)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	all := append([]string{"--socket", e.socket, "--state-dir", e.state, "--scope", "cgroup",
-		"--cgroup-base", e.base, "--log-level", "debug", "--log-format", "json", "--kill-wait", "2s",
-		"--config", "/dev/null", "--socket-group", ""}, args...)
-	d.cmd = exec.Command(filepath.Join(binDir, "corrald"), all...)
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	if err := d.cmd.Start(); err != nil {
-		logf.Close()
-		e.t.Fatal(err)
-	}
-	go func() {
-		d.waitErr = d.cmd.Wait()
-		logf.Close()
-		close(d.done)
-	}()
-	e.t.Cleanup(func() {
-		if !d.exited() {
-			if err := d.stop(syscall.SIGTERM, 30*time.Second); err != nil {
-				e.t.Errorf("stop corrald: %v", err)
-			}
-		}
-		if e.t.Failed() {
-			b, _ := os.ReadFile(d.logPath)
-			e.t.Logf("corrald run %s log (tail):\n%s", filepath.Base(d.logPath), tail(string(b), 6000))
-		}
+	d := testd.Start(e.t, testd.Config{
+		Corrald: filepath.Join(binDir, "corrald"),
+		Socket:  e.socket, StateDir: e.state, CgroupBase: e.base,
+		LogPath: filepath.Join(e.dir, fmt.Sprintf("corrald-%d.log", e.runs)),
+		Args:    append([]string{"--scope", "cgroup", "--socket-group", ""}, args...),
 	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if c, err := net.Dial("unix", e.socket); err == nil {
-			c.Close()
-			return d
-		}
-		if d.exited() || time.Now().After(deadline) {
-			b, _ := os.ReadFile(d.logPath)
-			e.t.Fatalf("corrald did not listen on %s (exited: %v %v):\n%s", e.socket, d.exited(), d.waitErr, tail(string(b), 6000))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
-}
-
-func (d *daemon) exited() bool {
-	select {
-	case <-d.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends sig and waits up to within for corrald to exit; after that it
-// kills it and reports an error.
-func (d *daemon) stop(sig syscall.Signal, within time.Duration) error {
-	if !d.exited() {
-		_ = d.cmd.Process.Signal(sig)
-	}
-	select {
-	case <-d.done:
-		return nil
-	case <-time.After(within):
-		_ = d.cmd.Process.Kill()
-		<-d.done
-		return fmt.Errorf("corrald did not exit within %v of %v; killed", within, sig)
-	}
+	return &daemon{Daemon: d, t: e.t}
 }
 
 // kill9 kills corrald with SIGKILL and waits until it is reaped.
 func (d *daemon) kill9() {
 	d.t.Helper()
-	if err := d.stop(syscall.SIGKILL, 10*time.Second); err != nil {
+	if err := d.Stop(syscall.SIGKILL, 10*time.Second); err != nil {
 		d.t.Fatal(err)
 	}
 }
 
 func (d *daemon) client() *ipc.Client {
 	d.t.Helper()
-	c, err := ipc.Dial(d.env.socket)
+	c, err := ipc.Dial(d.Socket)
 	if err != nil {
 		d.t.Fatalf("dial: %v", err)
 	}

@@ -20,28 +20,26 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
-var binDir string
+var (
+	binDir     string // corrald and corralctl built for this run
+	cgroupRoot string // the cgroup2 mount the daemons' bases go below, or ""
+)
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() != 0 {
 		fmt.Println("integration: skipped, needs root")
 		os.Exit(0)
 	}
-	dir, err := os.MkdirTemp("", "corral-bin-")
+	dir, err := testd.Build("corral-bin-", "corrald", "corralctl")
 	if err != nil {
-		panic(err)
+		fmt.Printf("integration: %v\n", err)
+		os.Exit(1)
 	}
 	binDir = dir
-	for _, b := range []string{"corrald", "corralctl"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b), "../../cmd/"+b)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Printf("build %s: %v\n%s", b, err, out)
-			os.Exit(1)
-		}
-	}
+	cgroupRoot = testd.Cgroup2Mount()
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -49,71 +47,24 @@ func TestMain(m *testing.M) {
 
 // daemon is a corrald started for one test.
 type daemon struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	socket string
-	state  string
-	log    *os.File
+	*testd.Daemon
+	t *testing.T
 }
 
+// startDaemon runs corrald on the test's own socket, state directory and
+// cgroup base, with args added.
 func startDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
-	dir := t.TempDir()
-	d := &daemon{t: t, socket: filepath.Join(dir, "corrald.sock"), state: filepath.Join(dir, "state")}
-	logf, err := os.Create(filepath.Join(dir, "corrald.log"))
-	if err != nil {
-		t.Fatal(err)
+	cfg := testd.Config{Corrald: filepath.Join(binDir, "corrald"), Dir: t.TempDir(), Args: args}
+	if cgroupRoot != "" {
+		cfg.CgroupBase = testd.CgroupBase(t, cgroupRoot, "corral-it")
 	}
-	d.log = logf
-	base := "/sys/fs/cgroup/unified/corral-it-" + strconv.Itoa(os.Getpid()) + "-" + filepath.Base(dir)
-	all := append([]string{"--socket", d.socket, "--state-dir", d.state, "--log-level", "debug",
-		"--kill-wait", "2s", "--config", "/dev/null", "--cgroup-base", base}, args...)
-	d.cmd = exec.Command(filepath.Join(binDir, "corrald"), all...)
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { d.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			d.cmd.Process.Kill()
-			<-done
-		}
-		os.Remove(base)
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("corrald log:\n%s", tail(string(b), 4000))
-		}
-		logf.Close()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("unix", d.socket); err == nil {
-			c.Close()
-			return d
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("corrald did not listen: %s", b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
+	return &daemon{Daemon: testd.Start(t, cfg), t: t}
 }
 
 func (d *daemon) client() *ipc.Client {
 	d.t.Helper()
-	c, err := ipc.Dial(d.socket)
+	c, err := ipc.Dial(d.Socket)
 	if err != nil {
 		d.t.Fatalf("dial: %v", err)
 	}
@@ -125,7 +76,7 @@ func (d *daemon) client() *ipc.Client {
 func (d *daemon) ctl(args ...string) (int, string, string) {
 	d.t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, "corralctl"), args...)
-	cmd.Env = append(os.Environ(), "CORRAL_SOCKET="+d.socket)
+	cmd.Env = append(os.Environ(), "CORRAL_SOCKET="+d.Socket)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -139,7 +90,7 @@ func (d *daemon) ctl(args ...string) (int, string, string) {
 }
 
 func (d *daemon) rss() int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.Pid()))
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -234,7 +185,7 @@ type rawConn struct {
 }
 
 func (d *daemon) raw() *rawConn {
-	c, err := net.Dial("unix", d.socket)
+	c, err := net.Dial("unix", d.Socket)
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -424,14 +375,14 @@ func (d *daemon) fdCount() int {
 
 // fds counts corrald's fds other than its store's files, and those.
 func (d *daemon) fds() (other, store int) {
-	dir := fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid)
+	dir := fmt.Sprintf("/proc/%d/fd", d.Pid())
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		d.t.Fatal(err)
 	}
 	for _, e := range ents {
 		l, _ := os.Readlink(dir + "/" + e.Name())
-		if strings.HasPrefix(l, d.state+"/corral.") { // corral.db, -wal, -shm, corral.lock
+		if strings.HasPrefix(l, d.StateDir+"/corral.") { // corral.db, -wal, -shm, corral.lock
 			store++
 		} else {
 			other++
@@ -443,9 +394,9 @@ func (d *daemon) fds() (other, store int) {
 // children lists corrald's child processes with their states.
 func (d *daemon) children() []string {
 	var out []string
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", d.cmd.Process.Pid))
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", d.Pid()))
 	for _, task := range tasks {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", d.cmd.Process.Pid, task.Name()))
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", d.Pid(), task.Name()))
 		for _, pid := range strings.Fields(string(b)) {
 			stat, _ := os.ReadFile("/proc/" + pid + "/stat")
 			out = append(out, string(stat))
@@ -504,9 +455,9 @@ func TestNoLeakInDaemonAfterThousandRuns(t *testing.T) {
 	}
 	if after := d.fdCount(); after != before {
 		var links []string
-		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid))
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.Pid()))
 		for _, e := range ents {
-			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", d.cmd.Process.Pid, e.Name()))
+			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", d.Pid(), e.Name()))
 			links = append(links, e.Name()+"->"+l)
 		}
 		t.Errorf("corrald holds %d fds after 1000 runs, %d before: %v", after, before, links)

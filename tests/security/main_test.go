@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 // Client mode: the environment a re-executed test binary reads.
@@ -118,23 +118,13 @@ func setup() (cleanup func(), err error) {
 		users[name] = u
 	}
 
-	dir, err := os.MkdirTemp("", "corral-sec-bin-")
+	// The users run the binaries and the test binary from here (0755).
+	dir, err := testd.Build("corral-sec-bin-", "corrald", "corralctl")
 	if err != nil {
 		return cleanup, err
 	}
 	undo = append(undo, func() { os.RemoveAll(dir) })
-	// The users run the test binary from here.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return cleanup, err
-	}
 	binDir = dir
-	for _, b := range []string{"corrald", "corralctl"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b), "../../cmd/"+b)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return cleanup, fmt.Errorf("build %s: %v\n%s", b, err, out)
-		}
-	}
 	self, err := os.Executable()
 	if err != nil {
 		return cleanup, err
@@ -143,13 +133,7 @@ func setup() (cleanup func(), err error) {
 	if err := copyFile(self, testBin, 0o755); err != nil {
 		return cleanup, err
 	}
-	for _, m := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
-		var st syscall.Statfs_t
-		if syscall.Statfs(m, &st) == nil && st.Type == 0x63677270 { // CGROUP2_SUPER_MAGIC
-			cgroupMount = m
-			break
-		}
-	}
+	cgroupMount = testd.Cgroup2Mount()
 	return cleanup, nil
 }
 
@@ -286,12 +270,10 @@ func doCalls(socket string, calls []call) ([]reply, error) {
 // daemon is a corrald started for one test, with its socket usable by the
 // test users (directory 0755, socket 0660 group corral-sectest).
 type daemon struct {
+	*testd.Daemon
 	t      *testing.T
-	cmd    *exec.Cmd
-	dir    string
-	socket string
-	state  string
-	pooled bool // run must see a warm shim take each command
+	dir    string // the daemon's directory, readable by the test users
+	pooled bool   // run must see a warm shim take each command
 }
 
 // spawnPaths are the two ways corrald starts a command, which must be
@@ -320,82 +302,39 @@ func forEachSpawnPath(t *testing.T, f func(t *testing.T, d *daemon)) {
 // CORRAL_SECRET_TEST=leak in its environment.
 func startDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
+	// Not t.TempDir: its parent is 0700, and the test users must reach the
+	// socket and the workspaces.
 	dir, err := os.MkdirTemp("", "corral-sec-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{t: t, dir: dir, socket: filepath.Join(dir, "corrald.sock"), state: filepath.Join(dir, "state")}
-	logf, err := os.Create(filepath.Join(dir, "corrald.log"))
-	if err != nil {
-		t.Fatal(err)
+	cfg := testd.Config{
+		Corrald: filepath.Join(binDir, "corrald"),
+		Dir:     dir,
+		Env:     []string{"CORRAL_SECRET_TEST=leak"},
+		Args:    []string{"--socket-group", socketGroup},
 	}
-	all := []string{"--socket", d.socket, "--state-dir", d.state, "--socket-group", socketGroup,
-		"--log-level", "debug", "--log-format", "json", "--kill-wait", "2s", "--config", "/dev/null"}
-	var cgBase string
 	if cgroupMount != "" {
-		cgBase = filepath.Join(cgroupMount, "corral-sec-"+strconv.Itoa(os.Getpid())+"-"+filepath.Base(dir))
-		all = append(all, "--scope", "cgroup", "--cgroup-base", cgBase)
+		cfg.CgroupBase = testd.CgroupBase(t, cgroupMount, "corral-sec")
+		cfg.Args = append(cfg.Args, "--scope", "cgroup")
 	} else {
-		all = append(all, "--scope", "pgroup")
+		cfg.Args = append(cfg.Args, "--scope", "pgroup")
 	}
-	d.cmd = exec.Command(filepath.Join(binDir, "corrald"), append(all, args...)...)
-	d.cmd.Env = append(os.Environ(), "CORRAL_SECRET_TEST=leak")
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	cfg.Args = append(cfg.Args, args...)
 	// A daemon started from a shell or a container entrypoint may inherit
 	// fds without close-on-exec; give it one (its fd 3) so that tests can
 	// check none reaches a child.
-	inherited, err := os.Open(logf.Name())
+	inherited, err := os.Open(os.DevNull)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.cmd.ExtraFiles = []*os.File{inherited}
-	err = d.cmd.Start()
-	inherited.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = d.cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = d.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = d.cmd.Process.Kill()
-			<-done
-		}
-		if cgBase != "" {
-			_ = os.Remove(cgBase)
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("corrald log:\n%s", tail(string(b), 6000))
-		}
-		logf.Close()
-		os.RemoveAll(dir)
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("unix", d.socket); err == nil {
-			c.Close()
-			return d
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("corrald did not listen: %s", b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
+	defer inherited.Close()
+	cfg.ExtraFiles = []*os.File{inherited}
+	return &daemon{Daemon: testd.Start(t, cfg), t: t, dir: dir}
 }
 
 // as makes calls on d as user u (nil: as root, in this process) and
@@ -403,7 +342,7 @@ func tail(s string, n int) string {
 func (d *daemon) as(u *testUser, calls ...call) []reply {
 	d.t.Helper()
 	if u == nil {
-		r, err := doCalls(d.socket, calls)
+		r, err := doCalls(d.Socket, calls)
 		if err != nil {
 			d.t.Fatalf("as root: %v", err)
 		}
@@ -417,7 +356,7 @@ func (d *daemon) as(u *testUser, calls ...call) []reply {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, testBin)
 	cmd.Dir = "/"
-	cmd.Env = []string{clientModeEnv + "=1", callsEnv + "=" + string(b), socketEnv + "=" + d.socket, "PATH=/usr/bin:/bin"}
+	cmd.Env = []string{clientModeEnv + "=1", callsEnv + "=" + string(b), socketEnv + "=" + d.Socket, "PATH=/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -333,7 +333,7 @@ func TestWorkspaceRemovalStaysInside(t *testing.T) {
 		if lines[1] != ws {
 			t.Errorf("child's cwd %q, record's workspace %q", lines[1], ws)
 		}
-		if want := filepath.Join(d.state, "work", rec.ID); ws != want {
+		if want := filepath.Join(d.StateDir, "work", rec.ID); ws != want {
 			t.Errorf("workspace = %q, want %q", ws, want)
 		}
 		if _, err := os.Lstat(ws); !errors.Is(err, os.ErrNotExist) {
@@ -556,7 +556,7 @@ func TestNetworkNoneCannotEscapeThroughDaemon(t *testing.T) {
 			"argv":    []string{filepath.Join(binDir, "corralctl"), "run", "--cwd", "/", "--", "bash", "-c", inner},
 			"cwd":     "/",
 			"network": "none",
-			"env":     map[string]string{"CORRAL_SOCKET": d.socket},
+			"env":     map[string]string{"CORRAL_SOCKET": d.Socket},
 		})
 		if strings.Contains(out, "connected") {
 			t.Errorf("a network-none child reached the host's loopback through corrald (exit %d): stdout %q stderr %q", exitCode(t, rec), out, errs)
@@ -573,7 +573,7 @@ func TestSocketOnlyForItsGroup(t *testing.T) {
 	for _, f := range []struct {
 		path string
 		mode os.FileMode
-	}{{d.socket, 0o660}, {d.state, 0o711}} { // 0711: traversable to reach a workspace, not listable
+	}{{d.Socket, 0o660}, {d.StateDir, 0o711}} { // 0711: traversable to reach a workspace, not listable
 		fi, err := os.Stat(f.path)
 		if err != nil {
 			t.Fatal(err)
@@ -582,7 +582,7 @@ func TestSocketOnlyForItsGroup(t *testing.T) {
 			t.Errorf("%s mode = %o, want %o", f.path, got, f.mode)
 		}
 	}
-	fi, _ := os.Stat(d.socket)
+	fi, _ := os.Stat(d.Socket)
 	g, err := lookupGroupID(socketGroup)
 	if err != nil {
 		t.Fatal(err)
@@ -593,7 +593,7 @@ func TestSocketOnlyForItsGroup(t *testing.T) {
 
 	cmd := exec.Command(testBin)
 	cmd.Dir = "/"
-	cmd.Env = []string{clientModeEnv + "=1", callsEnv + `=[{"method":"daemon.info"}]`, socketEnv + "=" + d.socket}
+	cmd.Env = []string{clientModeEnv + "=1", callsEnv + `=[{"method":"daemon.info"}]`, socketEnv + "=" + d.Socket}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: a.uid, Gid: a.gid, Groups: []uint32{}}}
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "permission denied") {
