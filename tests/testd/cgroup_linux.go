@@ -1,0 +1,111 @@
+package testd
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// baseSeq numbers the cgroup bases of this process.
+var baseSeq atomic.Int64
+
+// Cgroup2Mount returns where a cgroup2 hierarchy is mounted: the hybrid
+// layout's /sys/fs/cgroup/unified or a unified /sys/fs/cgroup; "" if
+// neither is.
+func Cgroup2Mount() string {
+	for _, p := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return p
+		}
+	}
+	return ""
+}
+
+// CgroupBase returns a fresh path below root for a daemon's --cgroup-base,
+// named prefix-<pid>-<n>; it does not create it (corrald does). Its cleanup
+// kills whatever is left below the base and removes it, failing the test if
+// it cannot. Call it before starting the daemons that use the base, so that
+// the cleanup runs after theirs.
+func CgroupBase(t testing.TB, root, prefix string) string {
+	t.Helper()
+	return cgroupBase(t, root, prefix, false)
+}
+
+// StrictCgroupBase is CgroupBase whose cleanup also fails the test when a
+// cgroup is left below the base once the daemons using it have stopped.
+func StrictCgroupBase(t testing.TB, root, prefix string) string {
+	t.Helper()
+	return cgroupBase(t, root, prefix, true)
+}
+
+func cgroupBase(t testing.TB, root, prefix string, strict bool) string {
+	t.Helper()
+	if root == "" {
+		t.Fatal("cgroup base: no cgroup2 hierarchy")
+	}
+	base := filepath.Join(root, fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), baseSeq.Add(1)))
+	t.Cleanup(func() {
+		if left := CgroupChildren(base); strict && len(left) > 0 {
+			t.Errorf("cgroups left under %s: %v", base, left)
+		}
+		if err := RemoveCgroupTree(base); err != nil {
+			t.Errorf("clean up cgroup base: %v", err)
+		}
+	})
+	return base
+}
+
+// RemoveCgroupTree kills every process in the cgroup dir and below it
+// (cgroup.kill) and removes dir and its descendants, waiting up to 5s for
+// each to empty. A missing dir is fine.
+func RemoveCgroupTree(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("remove cgroup tree: %w", err)
+	}
+	for _, ent := range ents {
+		if ent.IsDir() {
+			if err := RemoveCgroupTree(filepath.Join(dir, ent.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("rmdir %s: %w", dir, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// CgroupChildren lists the names of the cgroups directly below dir (none
+// when dir does not exist).
+func CgroupChildren(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
