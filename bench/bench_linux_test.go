@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 // supervisorEnv, when set in the environment of the test binary, turns it
@@ -62,7 +62,7 @@ func TestBenchSuite(t *testing.T) {
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
 	s.header()
-	fdsBefore, goBefore := countFDs(), runtime.NumGoroutine()
+	before := testd.Measure()
 
 	t.Run("exec_latency", s.benchExecLatency)
 	t.Run("exit_notify", s.benchExitNotify)
@@ -81,38 +81,13 @@ func TestBenchSuite(t *testing.T) {
 		}
 	}
 	// Every subtest's cleanups have run: daemons stopped, clients closed.
-	if ok := waitFor(func() bool { return countFDs() <= fdsBefore }); !ok {
-		t.Errorf("open fds: %d after the suite, %d before", countFDs(), fdsBefore)
-	}
-	if ok := waitFor(func() bool { return runtime.NumGoroutine() <= goBefore }); !ok {
-		t.Errorf("goroutines: %d after the suite, %d before", runtime.NumGoroutine(), goBefore)
+	if err := before.Check(5 * time.Second); err != nil {
+		t.Error(err)
 	}
 	if n := countMarked(markValue()); n != 0 {
 		t.Errorf("%d benchmark children still alive after the suite", n)
 		killMarked(markValue())
 	}
-}
-
-// countFDs is the number of fds this process has open.
-func countFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return -1
-	}
-	return len(ents) - 1 // the directory being read
-}
-
-// waitFor polls cond for up to 5 s (goroutines and fds of closed
-// connections go away asynchronously) and reports whether it held.
-func waitFor(cond func() bool) bool {
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
 }
 
 // cgroupMount is the cgroup2 hierarchy the cgroup backend uses on this host
@@ -121,10 +96,9 @@ const cgroupMount = "/sys/fs/cgroup/unified"
 
 // suite carries what the measurements share. Owned by the test goroutine.
 type suite struct {
-	t    *testing.T
-	bin  string       // built corrald
-	out  bytes.Buffer // Markdown results
-	ndmn int          // daemons started, for unique names
+	t   *testing.T
+	bin string       // built corrald
+	out bytes.Buffer // Markdown results
 	// scaleLimit is the RLIMIT_NOFILE of the first scale daemon, which
 	// bounds scaleN.
 	scaleLimit int
@@ -285,132 +259,54 @@ func buildCorrald(t *testing.T) string {
 	if p := os.Getenv("CORRAL_BENCH_CORRALD"); p != "" {
 		return p
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "corrald")
-	cmd := exec.Command(goTool(), "build", "-trimpath", "-o", bin, "github.com/corral-dev/corral/cmd/corrald")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build corrald: %v\n%s", err, out)
+	dir, err := testd.Build("corral-bench-bin-", "corrald")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return bin
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "corrald")
 }
 
 // daemon is one corrald started by the suite. Stopped and its cgroup base
 // removed by a t.Cleanup of the test that started it.
 type daemon struct {
-	name   string
-	cmd    *exec.Cmd
-	socket string
-	state  string
-	base   string // cgroup base directory ("" for pgroup)
-	logf   string
-	pid    int
+	*testd.Daemon
+	name string
+	base string // cgroup base directory ("" for pgroup)
+	pid  int
 }
 
 // startDaemon starts corrald with the given backend, warm pool size (given
 // explicitly: the daemon's default depends on the backend) and extra flags,
-// and waits until it accepts connections.
+// and waits until it accepts connections. Its cleanup stops it with SIGTERM
+// (it cancels what still runs), checks that its cgroups are gone and
+// removes its cgroup base.
 func (s *suite) startDaemon(t *testing.T, name, backend string, pool int, extra ...string) *daemon {
 	t.Helper()
-	s.ndmn++
-	dir := t.TempDir()
-	d := &daemon{
-		name:   name,
-		socket: filepath.Join(dir, "corrald.sock"),
-		state:  filepath.Join(dir, "state"),
-		logf:   filepath.Join(dir, "corrald.log"),
+	cfg := testd.Config{
+		Name:    name,
+		Corrald: s.bin,
+		Dir:     t.TempDir(),
+		Args: append([]string{"--scope", backend, "--log-level", "warn",
+			"--drain", "1s", "--kill-wait", "5s",
+			"--max-running", "20000", "--max-per-uid", "20000",
+			"--pool-size", strconv.Itoa(pool)}, extra...),
 	}
-	args := []string{"--socket", d.socket, "--state-dir", d.state, "--scope", backend,
-		"--config", "/dev/null", "--log-level", "warn", "--log-format", "json",
-		"--drain", "1s", "--kill-wait", "5s",
-		"--max-running", "20000", "--max-per-uid", "20000",
-		"--pool-size", strconv.Itoa(pool)}
 	if backend == "cgroup" {
-		d.base = filepath.Join(cgroupMount, fmt.Sprintf("corral-bench-%d-%d", os.Getpid(), s.ndmn))
-		args = append(args, "--cgroup-base", d.base)
+		cfg.CgroupBase = testd.StrictCgroupBase(t, cgroupMount, "corral-bench")
 	}
-	args = append(args, extra...)
-	logf, err := os.Create(d.logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.cmd = exec.Command(s.bin, args...)
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	if err := d.cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatalf("start corrald %s: %v", name, err)
-	}
-	logf.Close()
-	d.pid = d.cmd.Process.Pid
-	t.Cleanup(func() { d.stop(t) })
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if c, err := net.Dial("unix", d.socket); err == nil {
-			c.Close()
-			return d
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(d.logf)
-			t.Fatalf("corrald %s did not listen within 15s; log:\n%s", name, b)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// stop ends the daemon with SIGTERM (it cancels what still runs), then
-// removes its cgroup base and checks that its cgroups are gone.
-func (d *daemon) stop(t *testing.T) {
-	t.Helper()
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = d.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Errorf("corrald %s did not stop within 30s; killed", d.name)
-		_ = d.cmd.Process.Kill()
-		<-done
-	}
-	if d.base != "" {
-		if left := cgroupChildren(d.base); len(left) > 0 {
-			t.Errorf("corrald %s left cgroups under %s: %v", d.name, d.base, left)
-		}
-		if err := os.Remove(d.base); err != nil && !os.IsNotExist(err) {
-			t.Errorf("remove cgroup base %s: %v", d.base, err)
-		}
-	}
-	if t.Failed() {
-		b, _ := os.ReadFile(d.logf)
-		if len(b) > 4000 {
-			b = b[len(b)-4000:]
-		}
-		t.Logf("corrald %s log (tail):\n%s", d.name, b)
-	}
+	d := testd.Start(t, cfg)
+	return &daemon{Daemon: d, name: name, base: d.CgroupBase, pid: d.Pid()}
 }
 
 func (d *daemon) client(t *testing.T) *ipc.Client {
 	t.Helper()
-	c, err := ipc.Dial(d.socket)
+	c, err := ipc.Dial(d.Socket)
 	if err != nil {
 		t.Fatalf("dial corrald %s: %v", d.name, err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// cgroupChildren lists the cgroup directories directly below dir.
-func cgroupChildren(dir string) []string {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, e := range ents {
-		if e.IsDir() {
-			out = append(out, e.Name())
-		}
-	}
-	return out
 }
 
 // populated reports whether any process is in the cgroup tree at dir (its
@@ -427,7 +323,7 @@ func populated(dir string) bool {
 // the daemon's warm pool ("pool-*": shims waiting for the next command).
 func busyScopes(base string) []string {
 	var busy []string
-	for _, name := range cgroupChildren(base) {
+	for _, name := range testd.CgroupChildren(base) {
 		if !strings.HasPrefix(name, "pool-") && populated(filepath.Join(base, name)) {
 			busy = append(busy, name)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/reactor"
 	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/store"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 var (
@@ -50,21 +51,14 @@ func (s *suite) benchProfile(t *testing.T) {
 	}
 	state := t.TempDir()
 	log := zerolog.Nop()
-	s.ndmn++
-	base := filepath.Join(cgroupMount, fmt.Sprintf("corral-bench-%d-%d", os.Getpid(), s.ndmn))
+	// The base's cleanup (checking that no cgroup is left) runs after the
+	// backend's.
+	base := testd.StrictCgroupBase(t, cgroupMount, "corral-bench")
 	backend, err := scope.NewCgroup(scope.CgroupOptions{Base: base, Log: log})
 	if err != nil {
 		t.Fatalf("cgroup backend: %v", err)
 	}
-	t.Cleanup(func() {
-		backend.Close()
-		if left := cgroupChildren(base); len(left) > 0 {
-			t.Errorf("in-process reactor left cgroups under %s: %v", base, left)
-		}
-		if err := os.Remove(base); err != nil && !os.IsNotExist(err) {
-			t.Errorf("remove cgroup base %s: %v", base, err)
-		}
-	})
+	t.Cleanup(func() { backend.Close() })
 	st, err := store.OpenOptions(state, log, store.Options{Synchronous: store.SyncNormal})
 	if err != nil {
 		t.Fatalf("open store: %v", err)

@@ -39,7 +39,8 @@ func CgroupBase(t testing.TB, root, prefix string) string {
 }
 
 // StrictCgroupBase is CgroupBase whose cleanup also fails the test when a
-// cgroup is left below the base once the daemons using it have stopped.
+// cgroup or a process is left in the base once the daemons using it have
+// stopped.
 func StrictCgroupBase(t testing.TB, root, prefix string) string {
 	t.Helper()
 	return cgroupBase(t, root, prefix, true)
@@ -52,8 +53,13 @@ func cgroupBase(t testing.TB, root, prefix string, strict bool) string {
 	}
 	base := filepath.Join(root, fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), baseSeq.Add(1)))
 	t.Cleanup(func() {
-		if left := CgroupChildren(base); strict && len(left) > 0 {
-			t.Errorf("cgroups left under %s: %v", base, left)
+		if strict {
+			if left := CgroupChildren(base); len(left) > 0 {
+				t.Errorf("cgroups left under %s: %v", base, left)
+			}
+			if procs, _ := os.ReadFile(filepath.Join(base, "cgroup.procs")); len(procs) > 0 {
+				t.Errorf("processes left in %s: %s", base, procs)
+			}
 		}
 		if err := RemoveCgroupTree(base); err != nil {
 			t.Errorf("clean up cgroup base: %v", err)

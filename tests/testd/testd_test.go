@@ -1,6 +1,7 @@
 package testd
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -115,5 +116,67 @@ func TestStartStopsInCleanup(t *testing.T) {
 	}
 	if err := before.Check(5 * time.Second); err != nil {
 		t.Error(err)
+	}
+}
+
+// recorder is a testing.TB that keeps the cleanups and errors of the code
+// under test instead of acting on them.
+type recorder struct {
+	testing.TB
+	cleanups []func()
+	errs     []string
+}
+
+func (r *recorder) Helper()                      {}
+func (r *recorder) Cleanup(f func())             { r.cleanups = append(r.cleanups, f) }
+func (r *recorder) Errorf(f string, args ...any) { r.errs = append(r.errs, fmt.Sprintf(f, args...)) }
+
+func (r *recorder) runCleanups() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+}
+
+func TestStrictCgroupBaseReportsLeftovers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (creates cgroups)")
+	}
+	root := Cgroup2Mount()
+	if root == "" {
+		t.Skip("needs a cgroup2 hierarchy")
+	}
+	for _, tc := range []struct {
+		name   string
+		strict bool
+		leave  bool
+		errs   int
+	}{
+		{"strict, nothing left", true, false, 0},
+		{"strict, a cgroup left", true, true, 1},
+		{"lenient, a cgroup left", false, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &recorder{TB: t}
+			newBase := CgroupBase
+			if tc.strict {
+				newBase = StrictCgroupBase
+			}
+			base := newBase(r, root, "corral-testd")
+			if err := os.Mkdir(base, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if tc.leave {
+				if err := os.Mkdir(filepath.Join(base, "left"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r.runCleanups()
+			if len(r.errs) != tc.errs {
+				t.Errorf("cleanup errors = %q, want %d", r.errs, tc.errs)
+			}
+			if _, err := os.Stat(base); !os.IsNotExist(err) {
+				t.Errorf("cgroup base %s after cleanup: %v, want it removed", base, err)
+			}
+		})
 	}
 }
