@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/testd"
 )
 
@@ -297,16 +296,6 @@ func (s *suite) startDaemon(t *testing.T, name, backend string, pool int, extra 
 	}
 	d := testd.Start(t, cfg)
 	return &daemon{Daemon: d, name: name, base: d.CgroupBase, pid: d.Pid()}
-}
-
-func (d *daemon) client(t *testing.T) *ipc.Client {
-	t.Helper()
-	c, err := ipc.Dial(d.Socket)
-	if err != nil {
-		t.Fatalf("dial corrald %s: %v", d.name, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // populated reports whether any process is in the cgroup tree at dir (its

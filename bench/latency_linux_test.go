@@ -162,7 +162,7 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	// The follow side has a daemon of its own, so that the store sides
 	// above all hold the same number of records.
 	fo := s.startDaemon(t, "cgroup-pool0-follow", "cgroup", 0)
-	c4, c0, cmem, cfull, cpg, cfo := cg4.client(t), cg0.client(t), mem.client(t), full.client(t), pg0.client(t), fo.client(t)
+	c4, c0, cmem, cfull, cpg, cfo := cg4.Client(), cg0.Client(), mem.Client(), full.Client(), pg0.Client(), fo.Client()
 	py, why := startPyPeer(t)
 	ctx := ctxT(t, 5*time.Minute)
 
@@ -424,7 +424,7 @@ func (s *suite) benchExitNotify(t *testing.T) {
 	fu := s.startDaemon(t, "notify-full", "cgroup", 0, "--store-sync", "full")
 	np := s.startDaemon(t, "notify-no-pidfd", "cgroup", 0, "--no-pidfd")
 	me := s.startDaemon(t, "notify-memory", "cgroup", 0, "--store", "memory")
-	cnm, cfu, cnp, cme := nm.client(t), fu.client(t), np.client(t), me.client(t)
+	cnm, cfu, cnp, cme := nm.Client(), fu.Client(), np.Client(), me.Client()
 	ctx := ctxT(t, 5*time.Minute)
 	var (
 		normal, full, nopidfd, mem, polled, waited durations

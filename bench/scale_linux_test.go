@@ -91,7 +91,7 @@ func parallel(n int, f func(i int) error) error {
 func (s *suite) scaleDaemon(t *testing.T, name string, extra ...string) scaleResult {
 	t.Helper()
 	d := s.startDaemon(t, name, "cgroup", 0, extra...)
-	c := d.client(t)
+	c := d.Client()
 	if scaleN == 0 {
 		lim, err := openFileLimit(d.pid)
 		if err != nil {

@@ -123,8 +123,8 @@ func (s *suite) benchThroughput(t *testing.T) {
 		clients := make([]*ipc.Client, k)
 		npClients := make([]*ipc.Client, k)
 		for i := range clients {
-			clients[i] = d.client(t)
-			npClients[i] = dnp.client(t)
+			clients[i] = d.Client()
+			npClients[i] = dnp.Client()
 		}
 		viaDaemon := func(c *ipc.Client) error {
 			rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
@@ -185,7 +185,7 @@ func (s *suite) benchThroughput(t *testing.T) {
 // and with stdout on an os/exec pipe read into io.Discard.
 func (s *suite) benchDrain(t *testing.T) {
 	d := s.startDaemon(t, "drain", "cgroup", 0)
-	c := d.client(t)
+	c := d.Client()
 	py, why := startPyPeer(t)
 	ctx := ctxT(t, 5*time.Minute)
 	argv := []string{"/usr/bin/head", "-c", fmt.Sprint(drainBytes), "/dev/zero"}

@@ -50,7 +50,7 @@ type running struct {
 func TestKillNineThenRestart(t *testing.T) {
 	e := newEnv(t, "")
 	d1 := e.start()
-	c := d1.client()
+	c := d1.Client()
 
 	// Finished before the kill: a plain one and one with truncated output.
 	plain, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sh", "-c", "echo hello; echo oops >&2; exit 3"}, Cwd: "/"})
@@ -145,7 +145,7 @@ func TestKillNineThenRestart(t *testing.T) {
 	}
 
 	d2 := e.start()
-	c = d2.client()
+	c = d2.Client()
 	for _, r := range runs {
 		rec, err := c.Get(ctx(t), r.id)
 		if err != nil {
@@ -245,7 +245,7 @@ func TestKillNineThenRestart(t *testing.T) {
 	if err := d2.Stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	c = e.start().client()
+	c = e.start().Client()
 	for _, id := range ids {
 		got, err := c.Get(ctx(t), id)
 		if err != nil {
@@ -342,7 +342,7 @@ func TestIdempotentRetryAfterRestart(t *testing.T) {
 	e := newEnv(t, "")
 	marks := t.TempDir()
 	d1 := e.start()
-	c := d1.client()
+	c := d1.Client()
 
 	type retry struct {
 		name, id, mark string
@@ -378,7 +378,7 @@ func TestIdempotentRetryAfterRestart(t *testing.T) {
 
 	d1.kill9()
 	d2 := e.start()
-	c = d2.client()
+	c = d2.Client()
 	before, err := c.Info(ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -429,7 +429,7 @@ func TestIdempotentRetryAfterRestart(t *testing.T) {
 func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 	e := newEnv(t, "")
 	d1 := e.start("--drain", "1s")
-	c := d1.client()
+	c := d1.Client()
 	type run struct {
 		name   string
 		id     string
@@ -491,7 +491,7 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 	}
 
 	d2 := e.start()
-	c = d2.client()
+	c = d2.Client()
 	for _, r := range runs {
 		got, err := c.Get(ctx(t), r.id)
 		if err != nil {
@@ -512,7 +512,7 @@ func TestFullDiskRefusesNewWorkButKeepsSupervising(t *testing.T) {
 	mnt := mountTmpfs(t, "2m")
 	e := newEnv(t, filepath.Join(mnt, "state"))
 	d := e.start()
-	c := d.client()
+	c := d.Client()
 
 	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 3000, GraceMS: 500})
 	if err != nil {
@@ -612,7 +612,7 @@ func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
 	mnt := mountTmpfs(t, "2m")
 	e := newEnv(t, filepath.Join(mnt, "state"))
 	d1 := e.start()
-	c := d1.client()
+	c := d1.Client()
 	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 2000, GraceMS: 500})
 	if err != nil {
 		t.Fatal(err)
@@ -637,7 +637,7 @@ func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c = e.start().client()
+	c = e.start().Client()
 	got, err := c.Get(ctx(t), long.ID)
 	if err != nil {
 		t.Fatalf("exec.get after restart: %v", err)
@@ -655,7 +655,7 @@ func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
 func TestFullDiskRecordNeverGoesBackwards(t *testing.T) {
 	mnt := mountTmpfs(t, "2m")
 	e := newEnv(t, filepath.Join(mnt, "state"))
-	c := e.start("--retention", "2s").client()
+	c := e.start("--retention", "2s").Client()
 	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 1000, GraceMS: 500})
 	if err != nil {
 		t.Fatal(err)
@@ -692,7 +692,7 @@ func TestFullDiskRecordNeverGoesBackwards(t *testing.T) {
 func TestRetentionExpiresCleanedRecords(t *testing.T) {
 	e := newEnv(t, "")
 	d := e.start("--retention", "2s")
-	c := d.client()
+	c := d.Client()
 	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sh", "-c", "echo kept"}, Cwd: "/",
 		Labels: map[string]string{"test": "retention"}})
 	if err != nil {
@@ -739,7 +739,7 @@ func TestRetentionExpiresCleanedRecords(t *testing.T) {
 func TestSecondDaemonLeavesRunningExecutionsAlone(t *testing.T) {
 	e := newEnv(t, "")
 	d := e.start()
-	c := d.client()
+	c := d.Client()
 	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 600000})
 	if err != nil {
 		t.Fatal(err)
@@ -788,7 +788,7 @@ func TestSecondDaemonLeavesRunningExecutionsAlone(t *testing.T) {
 func TestRestartWithAnotherCgroupBase(t *testing.T) {
 	e := newEnv(t, "")
 	d1 := e.start()
-	c := d1.client()
+	c := d1.Client()
 	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 600000})
 	if err != nil {
 		t.Fatal(err)
@@ -800,7 +800,7 @@ func TestRestartWithAnotherCgroupBase(t *testing.T) {
 	// The env's cleanup removes the first base; this one's removes the
 	// second.
 	e.base = testd.CgroupBase(t, cgroupRoot, "corral-dur-moved")
-	c = e.start().client()
+	c = e.start().Client()
 	got, err := c.Get(ctx(t), rec.ID)
 	if err != nil {
 		t.Fatal(err)

@@ -171,16 +171,6 @@ func (d *daemon) kill9() {
 	}
 }
 
-func (d *daemon) client() *ipc.Client {
-	d.t.Helper()
-	c, err := ipc.Dial(d.Socket)
-	if err != nil {
-		d.t.Fatalf("dial: %v", err)
-	}
-	d.t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // ctx is a context bounded so that a wedged daemon fails the test instead
 // of hanging it.
 func ctx(t *testing.T) context.Context {

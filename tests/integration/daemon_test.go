@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
-	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/testd"
 )
 
@@ -60,16 +59,6 @@ func startDaemon(t *testing.T, args ...string) *daemon {
 		cfg.CgroupBase = testd.CgroupBase(t, cgroupRoot, "corral-it")
 	}
 	return &daemon{Daemon: testd.Start(t, cfg), t: t}
-}
-
-func (d *daemon) client() *ipc.Client {
-	d.t.Helper()
-	c, err := ipc.Dial(d.Socket)
-	if err != nil {
-		d.t.Fatalf("dial: %v", err)
-	}
-	d.t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // ctl runs corralctl against d and returns its exit code, stdout, stderr.
@@ -148,7 +137,7 @@ func TestBackgroundAndEscapedDescendantsAreKilled(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.backend+"/"+tc.name, func(t *testing.T) {
 			d := startDaemon(t, "--scope", tc.backend)
-			c := d.client()
+			c := d.Client()
 			rec, err := c.Start(context.Background(), api.StartParams{Argv: []string{"sh", "-c", tc.script}})
 			if err != nil {
 				t.Fatal(err)
@@ -221,7 +210,7 @@ func errCode(m map[string]any) int {
 func TestMalformedInputGetsErrorsWhileOthersRunOn(t *testing.T) {
 	d := startDaemon(t, "--scope", "cgroup")
 	// Another client keeps working throughout.
-	other := d.client()
+	other := d.Client()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -296,7 +285,7 @@ func TestGigabyteOutputKeepsDaemonRSSBounded(t *testing.T) {
 		t.Skip("1 GB of output")
 	}
 	d := startDaemon(t, "--scope", "cgroup")
-	c := d.client()
+	c := d.Client()
 	before := d.rss()
 	rec, err := c.Start(context.Background(), api.StartParams{Argv: []string{"head", "-c", "1000000000", "/dev/zero"}, TimeoutMS: 120000})
 	if err != nil {
@@ -332,7 +321,7 @@ func TestGigabyteOutputKeepsDaemonRSSBounded(t *testing.T) {
 
 func TestInfoReportsHost(t *testing.T) {
 	d := startDaemon(t, "--scope", "cgroup")
-	info, err := d.client().Info(context.Background())
+	info, err := d.Client().Info(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +340,7 @@ func TestWaiterFallbackThroughDaemon(t *testing.T) {
 	if code != 5 || out != "fallback\n" {
 		t.Errorf("run = %d %q, want 5 fallback", code, out)
 	}
-	info, _ := d.client().Info(context.Background())
+	info, _ := d.Client().Info(context.Background())
 	if info.Pidfd {
 		t.Error("daemon.info pidfd = true under --no-pidfd")
 	}
@@ -409,7 +398,7 @@ func (d *daemon) children() []string {
 // corrald with the fds it had and no child, zombie or not.
 func TestNoLeakInDaemonAfterThousandRuns(t *testing.T) {
 	d := startDaemon(t, "--scope", "cgroup")
-	c := d.client()
+	c := d.Client()
 	run := func(i int) {
 		p := api.StartParams{Argv: []string{"true"}, Cwd: "/"}
 		if i%2 == 1 {

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/ipc"
 )
 
 // Default timings of Start and of the cleanup it registers.
@@ -129,7 +131,7 @@ func Start(t testing.TB, cfg Config) *Daemon {
 			return d
 		}
 		if d.Exited() || time.Now().After(deadline) {
-			t.Fatalf("%s did not listen on %s within %v (exited: %v %v):\n%s", d.name, d.Socket, ListenWithin, d.Exited(), d.WaitErr(), d.LogTail(LogTailBytes))
+			t.Fatalf("%s did not listen on %s (exited: %v %v):\n%s", d.name, d.Socket, d.Exited(), d.WaitErr(), d.LogTail(LogTailBytes))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -190,6 +192,18 @@ func (d *Daemon) Stop(sig syscall.Signal, within time.Duration) error {
 		<-d.done
 		return fmt.Errorf("%s did not exit within %v of %v; killed", d.name, within, sig)
 	}
+}
+
+// Client dials the daemon's socket; the test that started the daemon fails
+// if it cannot, and its cleanup closes the client.
+func (d *Daemon) Client() *ipc.Client {
+	d.t.Helper()
+	c, err := ipc.Dial(d.Socket)
+	if err != nil {
+		d.t.Fatalf("dial %s: %v", d.name, err)
+	}
+	d.t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // LogTail returns the last n bytes of the daemon's log so far.

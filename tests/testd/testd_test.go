@@ -31,7 +31,10 @@ func TestTail(t *testing.T) {
 	}
 }
 
-func TestRemoveCgroupTreeKillsAndRemoves(t *testing.T) {
+// requireCgroup2 skips unless this process may create cgroups in a cgroup2
+// hierarchy, and returns its mount point.
+func requireCgroup2(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (creates cgroups)")
 	}
@@ -39,6 +42,11 @@ func TestRemoveCgroupTreeKillsAndRemoves(t *testing.T) {
 	if root == "" {
 		t.Skip("needs a cgroup2 hierarchy")
 	}
+	return root
+}
+
+func TestRemoveCgroupTreeKillsAndRemoves(t *testing.T) {
+	root := requireCgroup2(t)
 	if err := RemoveCgroupTree(filepath.Join(root, "corral-testd-missing-"+strconv.Itoa(os.Getpid()))); err != nil {
 		t.Errorf("RemoveCgroupTree(missing) = %v, want nil", err)
 	}
@@ -138,13 +146,7 @@ func (r *recorder) runCleanups() {
 }
 
 func TestStrictCgroupBaseReportsLeftovers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (creates cgroups)")
-	}
-	root := Cgroup2Mount()
-	if root == "" {
-		t.Skip("needs a cgroup2 hierarchy")
-	}
+	root := requireCgroup2(t)
 	for _, tc := range []struct {
 		name   string
 		strict bool
