@@ -72,8 +72,14 @@ func (p *phases) add(t0, answered time.Time, rec api.Record) {
 // set it also adds the phases of the execution to ph.
 func runWait(t *testing.T, ctx context.Context, c *ipc.Client, ph *phases) time.Duration {
 	t.Helper()
+	return runWaitParams(t, ctx, c, ph, api.StartParams{Argv: []string{"/bin/true"}})
+}
+
+// runWaitParams is runWait with other start parameters (/bin/true's argv).
+func runWaitParams(t *testing.T, ctx context.Context, c *ipc.Client, ph *phases, p api.StartParams) time.Duration {
+	t.Helper()
 	t0 := time.Now()
-	rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
+	rec, err := c.Start(ctx, p)
 	if err != nil {
 		t.Fatalf("exec.start: %v", err)
 	}
@@ -166,11 +172,18 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	py, why := startPyPeer(t)
 	ctx := ctxT(t, 5*time.Minute)
 
+	// network "none" needs the shim (a new network namespace with lo up)
+	// under any backend: these are the requests the pool serves under the
+	// cgroup backend (a root caller's host-network command is exec'd
+	// directly, pool or not).
+	netNone := api.StartParams{Argv: []string{"/bin/true"}, Network: "none"}
 	var (
 		bare, pyTrue                  durations
 		w4, w0, wMem, wFull, wPg      durations
+		n4, n0                        durations
 		f0Exited, f0Cleaned           durations
 		ph4, ph0, phMem, phFull, phPg phases
+		phN4, phN0                    phases
 	)
 	for i := 0; i < latencyWU+latencyN; i++ {
 		rec := i >= latencyWU
@@ -187,10 +200,20 @@ func (s *suite) benchExecLatency(t *testing.T) {
 				add(d, runWait(t, ctx, c, ph))
 			}
 		}
+		none := func(c *ipc.Client, d *durations, ph *phases) func() {
+			return func() {
+				if !rec {
+					ph = nil
+				}
+				add(d, runWaitParams(t, ctx, c, ph, netNone))
+			}
+		}
 		sides := []func(){
 			func() { add(&bare, runBare(t)) },
 			wait(c4, &w4, &ph4),
 			wait(c0, &w0, &ph0),
+			none(c4, &n4, &phN4),
+			none(c0, &n0, &phN0),
 			wait(cmem, &wMem, &phMem),
 			wait(cfull, &wFull, &phFull),
 			wait(cpg, &wPg, &phPg),
@@ -209,6 +232,9 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	rows := []latencyRow{
 		{"pool on, start+wait", "corrald cgroup --pool-size 4", base, w4, bare},
 		{"pool off, start+wait", "corrald cgroup --pool-size 0", base, w0, bare},
+		{"network none, pool on", "corrald cgroup --pool-size 4, network none", base, n4, bare},
+		{"network none, pool off", "corrald cgroup --pool-size 0, network none", base, n0, bare},
+		{"network none, pool on vs off", "corrald cgroup --pool-size 4, network none", "--pool-size 0, network none", n4, n0},
 		{"pool off, until exited", "corrald cgroup --pool-size 0", base, f0Exited, bare},
 		{"pool off, until cleaned", "corrald cgroup --pool-size 0", base, f0Cleaned, bare},
 		{"pgroup, start+wait", "corrald pgroup --pool-size 0", base, wPg, bare},
@@ -228,12 +254,14 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	s.latencyTable("(a) exec-to-result latency of /bin/true",
 		fmt.Sprintf("One connection per daemon, calls in sequence; %d samples per side after %d warm-up rounds; all sides interleaved (order rotating each round). "+
 			"Every daemon's warm pool is set explicitly: --pool-size 4 (shims waiting in scopes of their own take the command) or --pool-size 0 (scope and fork inline in exec.start). "+
+			"Under the cgroup backend the pool serves only commands that need the shim: a root caller's host-network /bin/true is exec'd directly by os/exec either way, so \"pool on\" and \"pool off\" run the same path; the \"network none\" rows (a new network namespace with lo up, which needs the shim) show what the pool saves. "+
 			"Store: SQLite with the default --store-sync normal unless the row says otherwise. "+
 			"\"start+wait\": exec.start then exec.wait until cleaned. \"until exited\"/\"until cleaned\": exec.start then exec.follow, time of the exec.state notification with state exited, and of the final record. %s",
 			latencyN, latencyWU, pyNote),
 		rows)
 	s.target("(a) pool-on p50 within 2× of bare os/exec (cgroup)", float64(w4.pct(.5))/float64(bare.pct(.5)), 2, "×")
 	s.target("(a) pool-off p50 within 2× of bare os/exec (cgroup)", float64(w0.pct(.5))/float64(bare.pct(.5)), 2, "×")
+	s.target("(a) network none, pool-on p50 within 2× of bare os/exec (cgroup)", float64(n4.pct(.5))/float64(bare.pct(.5)), 2, "×")
 
 	s.latencyTable("(g) what the store costs: exec latency by store",
 		"The same samples as (a): cgroup backend, --pool-size 0, start+wait of /bin/true, three daemons differing only in the store, against the one with no database (--store memory).",
@@ -251,19 +279,19 @@ func (s *suite) benchExecLatency(t *testing.T) {
 		rotate(i,
 			func() {
 				time.Sleep(spacedGap)
-				if d := runWait(t, ctx, c4, nil); rec {
+				if d := runWaitParams(t, ctx, c4, nil, netNone); rec {
 					spPool = append(spPool, d)
 				}
 			},
 			func() {
 				time.Sleep(spacedGap)
-				if d := runWait(t, ctx, c0, nil); rec {
+				if d := runWaitParams(t, ctx, c0, nil, netNone); rec {
 					spInline = append(spInline, d)
 				}
 			})
 	}
 	s.latencyTable("(a2) warm pool against inline start, spaced executions",
-		fmt.Sprintf("start+wait of /bin/true, %s of idle before each, the two cgroup daemons alternating; %d samples per side. The baseline here is corrald itself with --pool-size 0.", spacedGap, spacedN),
+		fmt.Sprintf("start+wait of /bin/true with network none (a request the pool serves), %s of idle before each, the two cgroup daemons alternating; %d samples per side. The baseline here is corrald itself with --pool-size 0.", spacedGap, spacedN),
 		[]latencyRow{{"pool vs inline", "corrald cgroup --pool-size 4", "corrald cgroup --pool-size 0", spPool, spInline}})
 
 	fmt.Fprintf(&s.out, "\nWhere the start+wait time goes in (a), by the timestamps in each final record (daemon and client share the host clock):\n\n")
@@ -272,7 +300,9 @@ func (s *suite) benchExecLatency(t *testing.T) {
 		name string
 		ph   *phases
 	}{
-		{"cgroup --pool-size 4", &ph4}, {"cgroup --pool-size 0", &ph0}, {"cgroup --pool-size 0 --store memory", &phMem},
+		{"cgroup --pool-size 4", &ph4}, {"cgroup --pool-size 0", &ph0},
+		{"cgroup --pool-size 4, network none", &phN4}, {"cgroup --pool-size 0, network none", &phN0},
+		{"cgroup --pool-size 0 --store memory", &phMem},
 		{"cgroup --pool-size 0 --store-sync full", &phFull}, {"pgroup --pool-size 0", &phPg},
 	} {
 		for i, d := range b.ph.list() {
