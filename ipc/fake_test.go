@@ -52,9 +52,10 @@ type fakeService struct {
 	callers []api.Owner
 	cancels []string
 
-	release   chan struct{} // closes to end blocking waits
-	waitEnded chan error    // receives ctx.Err() (or nil) of each blocking wait
-	cancelled chan string   // receives exec.cancel ids
+	release     chan struct{} // closes to end blocking waits
+	waitStarted chan struct{} // receives once per blocking wait that reached the service
+	waitEnded   chan error    // receives ctx.Err() (or nil) of each blocking wait
+	cancelled   chan string   // receives exec.cancel ids
 
 	follow func(ctx context.Context, p api.FollowParams, notify func(string, any) bool) (api.Record, error)
 }
@@ -63,9 +64,10 @@ var _ Service = (*fakeService)(nil)
 
 func newFake() *fakeService {
 	return &fakeService{
-		release:   make(chan struct{}),
-		waitEnded: make(chan error, 1024),
-		cancelled: make(chan string, 16),
+		release:     make(chan struct{}),
+		waitStarted: make(chan struct{}, 1024),
+		waitEnded:   make(chan error, 1024),
+		cancelled:   make(chan string, 16),
 	}
 }
 
@@ -106,12 +108,27 @@ func (f *fakeService) Wait(ctx context.Context, caller api.Owner, p api.WaitPara
 	}
 	f.record(caller)
 	select {
+	case f.waitStarted <- struct{}{}:
+	default: // nobody looks at more than a few
+	}
+	select {
 	case <-f.release:
 		f.waitEnded <- nil
 		return api.Record{ID: "block", State: api.StateCleaned}, nil
 	case <-ctx.Done():
 		f.waitEnded <- ctx.Err()
 		return api.Record{}, ctx.Err()
+	}
+}
+
+// awaitWait waits until a blocking wait has reached the service, failing
+// the test after 10s.
+func (f *fakeService) awaitWait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-f.waitStarted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocking exec.wait did not reach the service within 10s")
 	}
 }
 

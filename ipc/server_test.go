@@ -224,13 +224,18 @@ func TestOversizeLineClosesOnlyThatConnection(t *testing.T) {
 		t.Errorf("writing the rest of the 2 MiB line: %v (the daemon should swallow a bounded amount)", err)
 	}
 
-	time.Sleep(50 * time.Millisecond)
+	// The other connection goes on answering after the oversize line.
+	after := calls.Load()
+	deadline := time.Now().Add(10 * time.Second)
+	for calls.Load() <= after && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	stop()
 	if err := <-goodErr; err != nil {
 		t.Fatalf("other connection affected: %v", err)
 	}
-	if calls.Load() == 0 {
-		t.Fatal("other connection made no calls")
+	if calls.Load() <= after {
+		t.Fatalf("other connection made no call in 10s after the oversize line (%d before it)", after)
 	}
 	// And new connections are still accepted.
 	if _, err := good.Info(context.Background()); err != nil {
@@ -267,6 +272,7 @@ func TestSlowWaitDoesNotBlockGet(t *testing.T) {
 		}
 		waited <- err
 	}()
+	f.awaitWait(t)
 
 	// Many calls in flight on the same connection, answered out of order
 	// relative to the wait that is still pending.
@@ -433,7 +439,7 @@ func TestDisconnectCancelsInFlight(t *testing.T) {
 	path, _ := startServer(t, f, nil)
 	c := dialRaw(t, path)
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"exec.wait","params":{"id":"block"}}`)
-	time.Sleep(50 * time.Millisecond) // let it reach the service
+	f.awaitWait(t)
 	c.nc.Close()
 	select {
 	case err := <-f.waitEnded:
@@ -479,14 +485,19 @@ func TestShutdownCancelsAndRefuses(t *testing.T) {
 	path, srv := startServer(t, f, nil)
 	c := dialRaw(t, path)
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"exec.wait","params":{"id":"block"}}`)
-	time.Sleep(50 * time.Millisecond)
+	f.awaitWait(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-f.waitEnded; !errors.Is(err, context.Canceled) {
-		t.Fatalf("wait ended with %v, want context.Canceled", err)
+	select {
+	case err := <-f.waitEnded:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("wait ended with %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("wait not cancelled by Shutdown")
 	}
 	if _, err := Dial(path); err == nil {
 		t.Fatal("dial succeeded after Shutdown")
@@ -571,7 +582,7 @@ func TestClientFailsCallsWhenConnectionEnds(t *testing.T) {
 		_, err := c.Wait(context.Background(), api.WaitParams{ID: "block"})
 		done <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	f.awaitWait(t) // the call is pending at the daemon
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {
@@ -660,7 +671,12 @@ func TestClientThatNeverReadsIsNotBufferedWithoutBound(t *testing.T) {
 		defer f.mu.Unlock()
 		return len(f.callers)
 	}
-	// Wait until the count stops moving.
+	// Wait until the daemon handles requests at all (a loaded host may take
+	// a while to schedule the writer), then until the count stops moving.
+	deadline := time.Now().Add(10 * time.Second)
+	for calls() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	prev := -1
 	for i := 0; i < 100 && calls() != prev; i++ {
 		prev = calls()
