@@ -154,15 +154,32 @@ func TestBackgroundAndEscapedDescendantsAreKilled(t *testing.T) {
 			if err != nil {
 				t.Fatalf("child pid from %q: %v", out.Data, err)
 			}
-			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
-				stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-				t.Errorf("descendant %d still exists after cleaned: %s", pid, stat)
-				exec.Command("kill", "-9", strconv.Itoa(pid)).Run()
-			}
+			waitGone(t, pid)
 			if rec.Error != nil {
 				t.Errorf("record error = %q, want none", *rec.Error)
 			}
 		})
+	}
+}
+
+// waitGone fails the test (and kills pid) unless pid is gone within 10s.
+// At cleaned the cgroup is empty, but an orphaned descendant that the
+// kill ended may still be a zombie: corrald (its subreaper) reaps it on
+// SIGCHLD a moment later.
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			t.Errorf("descendant %d still exists 10s after cleaned: %s", pid, stat)
+			exec.Command("kill", "-9", strconv.Itoa(pid)).Run()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
