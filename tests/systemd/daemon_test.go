@@ -169,6 +169,24 @@ func waitGone(t *testing.T, what string, gone func() bool) {
 	}
 }
 
+// waitPidGone fails the test, and kills pid, unless pid is gone within 10s.
+// At cleaned the scope is empty, but an orphaned descendant that the kill
+// ended may still be a zombie until corrald, its subreaper, reaps it on
+// SIGCHLD a moment later.
+func waitPidGone(t *testing.T, what string, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !pidGone(pid)() {
+		if time.Now().After(deadline) {
+			stat, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+			t.Errorf("%s %d still exists 10s after cleaned: %s", what, pid, stat)
+			syscallKill(pid)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func pidGone(pid int) func() bool {
 	return func() bool {
 		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
@@ -223,7 +241,7 @@ func TestEscapedDescendantsKilled(t *testing.T) {
 		want   string
 	}{
 		{"exits", `setsid sh -c 'sleep 1000 & echo $!'; exit 0`, api.StartParams{}, false, "exited"},
-		{"timeout", `setsid sh -c 'sleep 1000 & echo $!'; sleep 1000`, api.StartParams{TimeoutMS: 500, GraceMS: 200}, false, "timeout"},
+		{"timeout", `setsid sh -c 'sleep 1000 & echo $!'; sleep 1000`, api.StartParams{TimeoutMS: 2000, GraceMS: 200}, false, "timeout"},
 		{"cancel", `setsid sh -c 'sleep 1000 & echo $!'; sleep 1000`, api.StartParams{}, true, "cancelled"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -255,10 +273,7 @@ func TestEscapedDescendantsKilled(t *testing.T) {
 			if outcome(rec) != tc.want {
 				t.Errorf("outcome = %s, want %s", outcome(rec), tc.want)
 			}
-			if !pidGone(pid)() {
-				t.Errorf("escaped sleep %d still alive after cleaned", pid)
-				syscallKill(pid)
-			}
+			waitPidGone(t, "escaped sleep", pid)
 			if !unitGone(rec.Scope) {
 				t.Errorf("%s still loaded after cleaned", rec.Scope)
 			}
@@ -434,8 +449,8 @@ func TestLeftoverScopeAfterCrash(t *testing.T) {
 	}
 	defer c2.Close()
 	waitGone(t, rec.Scope, func() bool { return unitGone(rec.Scope) })
-	if pid != 0 && !pidGone(pid)() {
-		t.Errorf("the crashed run's sleep %d is still alive", pid)
+	if pid != 0 {
+		waitPidGone(t, "the crashed run's sleep", pid)
 	}
 	got, err := c2.Get(context.Background(), rec.ID)
 	if err != nil {
@@ -471,9 +486,8 @@ func TestTimeoutKillsWithDBusGone(t *testing.T) {
 	if outcome(rec) != "timeout" {
 		t.Errorf("outcome = %s, want timeout", outcome(rec))
 	}
-	if pid != 0 && !pidGone(pid)() {
-		t.Errorf("escaped sleep %d alive after the timeout with D-Bus gone", pid)
-		syscallKill(pid)
+	if pid != 0 {
+		waitPidGone(t, "escaped sleep (timeout with D-Bus gone)", pid)
 	}
 	// And the daemon reconnected: a new execution gets its scope.
 	again := runTo(t, c, api.StartParams{Argv: []string{"true"}})
