@@ -380,8 +380,14 @@ func TestIgnoredSIGTERMEndsInSIGKILL(t *testing.T) {
 	if rec.Signal == nil || *rec.Signal != "SIGKILL" {
 		t.Errorf("signal = %v, want SIGKILL", rec.Signal)
 	}
-	if max := 500*time.Millisecond + 500*time.Millisecond + time.Second; el > max {
-		t.Errorf("took %v, want within timeout+grace+1s = %v", el, max)
+	// The daemon's own clock, from running to exited, excludes the spawn
+	// and the cleanup, which a loaded host may stretch; it must show the
+	// SIGKILL came at timeout+grace, not at the default grace.
+	if max := 500*time.Millisecond + 500*time.Millisecond + time.Second; time.Duration(rec.DurationMS)*time.Millisecond > max {
+		t.Errorf("duration_ms %d, want within timeout+grace+1s = %v", rec.DurationMS, max)
+	}
+	if max := 500*time.Millisecond + 500*time.Millisecond + 10*time.Second; el > max {
+		t.Errorf("start to cleaned took %v, want within timeout+grace+10s = %v", el, max)
 	}
 }
 
