@@ -197,11 +197,17 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("harness dir %s after Close: stat = %v, want not exist", dir, err)
 	}
+	// The goroutines that waited for init and read the console may still be
+	// returning when Close does: give them a moment.
+	deadline := time.Now().Add(5 * time.Second)
+	for (runtime.NumGoroutine() > goroutines || openFDs(t) != fds) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if got := runtime.NumGoroutine(); got > goroutines {
-		t.Errorf("goroutines after Boot+Close = %d, want at most %d as before", got, goroutines)
+		t.Errorf("goroutines 5s after Boot+Close = %d, want at most %d as before", got, goroutines)
 	}
 	if got := openFDs(t); got != fds {
-		t.Errorf("open fds after Boot+Close = %d, want %d as before", got, fds)
+		t.Errorf("open fds 5s after Boot+Close = %d, want %d as before", got, fds)
 	}
 	if leftover := processesIn(t, dir); len(leftover) > 0 {
 		t.Errorf("processes still mentioning %s: %v", dir, leftover)
