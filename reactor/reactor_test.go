@@ -595,14 +595,21 @@ func TestOwnershipHidesOthers(t *testing.T) {
 
 func TestFollowStreamsOutputAndState(t *testing.T) {
 	tr := newTestReactor(t, nil)
-	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sh", "-c", "echo one; sleep 0.2; echo two"}})
+	// The child prints "two" only once the follower has seen "one" (the
+	// test then writes its stdin), so the follow is registered before the
+	// execution ends however slow the host is, and must see it end live.
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sh", "-c", "echo one; read x; echo two"}, StdinOpen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	var mu sync.Mutex
 	var out bytes.Buffer
 	var states []api.State
-	final, err := tr.Follow(context.Background(), root, api.FollowParams{ID: rec.ID}, func(method string, params any) bool {
+	wrote := make(chan error, 1)
+	released := false
+	final, err := tr.Follow(ctx, root, api.FollowParams{ID: rec.ID}, func(method string, params any) bool {
 		mu.Lock()
 		defer mu.Unlock()
 		switch n := params.(type) {
@@ -611,13 +618,25 @@ func TestFollowStreamsOutputAndState(t *testing.T) {
 				t.Errorf("output offset %d, want %d", n.Offset, out.Len())
 			}
 			out.Write(n.Data)
+			if !released && strings.HasPrefix(out.String(), "one\n") {
+				released = true
+				// Not from here: notify runs on the loop goroutine, which
+				// Write needs.
+				go func() {
+					_, err := tr.Write(ctx, root, api.WriteParams{ID: rec.ID, Data: []byte("go\n"), Close: true})
+					wrote <- err
+				}()
+			}
 		case api.StateNotification:
 			states = append(states, n.Record.State)
 		}
 		return true
 	})
 	if err != nil || final.State != api.StateCleaned {
-		t.Fatalf("Follow = %v, %v", final.State, err)
+		t.Fatalf("Follow = %v, %v (output so far %q)", final.State, err, out.String())
+	}
+	if err := <-wrote; err != nil {
+		t.Errorf("write to the child's stdin: %v", err)
 	}
 	if out.String() != "one\ntwo\n" {
 		t.Errorf("followed output %q", out.String())
