@@ -440,22 +440,32 @@ func TestRunForwardsStdin(t *testing.T) {
 	}
 }
 
+// waitStarted waits until corralctl's one execution has started at d,
+// failing the test after 10s.
+func (d *fakeDaemon) waitStarted(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d.mu.Lock()
+		n := len(d.order)
+		d.mu.Unlock()
+		if n == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d executions started after 10s, want 1", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func TestRunSignalCancels(t *testing.T) {
 	sock, d := serveFake(t)
 	sigs := make(chan os.Signal, 1)
 	done := make(chan result, 1)
 	go func() { done <- corralctl(t, sock, "", sigs, "run", "--", "hang") }()
 	// Wait until it runs, then interrupt corralctl.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		d.mu.Lock()
-		n := len(d.order)
-		d.mu.Unlock()
-		if n == 1 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	d.waitStarted(t)
 	sigs <- syscall.SIGINT
 	select {
 	case r := <-done:
@@ -479,18 +489,14 @@ func TestRunSecondSignalStopsWaiting(t *testing.T) {
 	sigs := make(chan os.Signal, 2)
 	done := make(chan result, 1)
 	go func() { done <- corralctl(t, sock, "", sigs, "run", "--", "stubborn") }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		d.mu.Lock()
-		n := len(d.order)
-		d.mu.Unlock()
-		if n == 1 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	d.waitStarted(t)
 	sigs <- syscall.SIGINT
-	for d.snapshot(d.execs[d.order[0]]).State != api.StateCanceling && time.Now().Before(deadline) {
+	x := d.execs[d.order[0]]
+	deadline := time.Now().Add(10 * time.Second)
+	for d.snapshot(x).State != api.StateCanceling {
+		if time.Now().After(deadline) {
+			t.Fatal("exec.cancel did not reach the daemon within 10s of the first signal")
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	sigs <- syscall.SIGTERM
