@@ -71,7 +71,7 @@ func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.defTasks, "default-tasks-max", 256, "exec.start tasks_max default")
 	fs.Int64Var(&c.defOutput, "default-output-limit", 262144, "exec.start output_limit_bytes default")
 	fs.DurationVar(&c.sampleEvery, "sample-interval", 100*time.Millisecond, "how often cgroup counters are sampled for cpu_ms and OOM")
-	fs.IntVar(&c.poolSize, "pool-size", -1, "shims kept waiting in scopes of their own for the next commands (0: create each scope inline; -1: 4 under the systemd backend, where creating a scope is costly, else 0)")
+	fs.IntVar(&c.poolSize, "pool-size", -1, "shims kept waiting in scopes of their own for the next commands that need one (0: start each inline; -1: 4 under the systemd backend, 2 under cgroup and pgroup)")
 	fs.StringVar(&c.storeKind, "store", "sqlite", "execution store: sqlite (durable, in the state dir) or memory (nothing survives a restart; for benchmarks and throw-away hosts)")
 	fs.StringVar(&c.storeSync, "store-sync", "normal", "store durability: normal (survives a crash of corrald, not of the machine; no fsync per transition) or full (fsync per group commit)")
 	fs.DurationVar(&c.watchdogTick, "watchdog-interval", 0, "override the watchdog ping interval (default: half of WatchdogSec)")

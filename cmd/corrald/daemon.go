@@ -391,10 +391,13 @@ func killCgroupPath(host scope.Host, name string) error {
 	return nil
 }
 
-// poolSize resolves --pool-size -1: a warm pool pays off where creating a
-// scope is costly (a D-Bus round trip and a systemd job); under the cgroup
-// and pgroup backends a root caller's command is exec'd directly, which
-// the benchmarks show is faster than any shim.
+// poolSize resolves --pool-size -1. Under systemd every command starts in
+// a shim held until its scope exists, a D-Bus round trip and a job: 4
+// shims wait. Under the cgroup and pgroup backends only a non-root
+// caller's command or one with network "none" needs the shim (a root
+// caller's host-network command is exec'd directly, pool or not), and a
+// pooled shim saves that shim's start-up, about two thirds of such a
+// start (docs/benchmarks.md, (a)): 2 wait.
 func poolSize(flag int, b scope.Backend) int {
 	if flag >= 0 {
 		return flag
@@ -402,7 +405,7 @@ func poolSize(flag int, b scope.Backend) int {
 	if b.Name() == "systemd" {
 		return 4
 	}
-	return 0
+	return 2
 }
 
 // raiseFileLimit lets the daemon hold the fds of many executions (two pipes
