@@ -298,6 +298,15 @@ func forEachSpawnPath(t *testing.T, f func(t *testing.T, d *daemon)) {
 	}
 }
 
+// forTest returns d acting for t, a subtest of the test that started it:
+// its helpers then fail t, from t's goroutine, not the parent test (whose
+// FailNow must not be called from a subtest).
+func (d *daemon) forTest(t *testing.T) *daemon {
+	c := *d
+	c.t = t
+	return &c
+}
+
 // startDaemon runs corrald with args added to the test's own, and
 // CORRAL_SECRET_TEST=leak in its environment.
 func startDaemon(t *testing.T, args ...string) *daemon {

@@ -96,6 +96,7 @@ func TestChildRunsAsCaller(t *testing.T) {
 	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
 		for _, name := range []string{userA, userB} {
 			t.Run(name, func(t *testing.T) {
+				d := d.forTest(t)
 				u := users[name]
 				for _, network := range []string{"host", "none"} { // without and with the shim
 					rec, out, errs := d.run(u, map[string]any{"argv": []string{"sh", "-c", "id -u; id -g; id -G"}, "cwd": "/", "network": network})
