@@ -16,6 +16,7 @@ FUZZTIME ?= 20s
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/corrald ./cmd/corrald
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/corralctl ./cmd/corralctl
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/corral-shim ./cmd/corral-shim
 
 # Runs corrald in the foreground (as root). Another shell:
 #   bin/corralctl run -- echo hello

@@ -258,7 +258,7 @@ func buildCorrald(t *testing.T) string {
 	if p := os.Getenv("CORRAL_BENCH_CORRALD"); p != "" {
 		return p
 	}
-	dir, err := testd.Build("corral-bench-bin-", "corrald")
+	dir, err := testd.Build("corral-bench-bin-", "corrald", "corral-shim")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ unitdir="$DESTDIR$UNITDIR"
 
 installed=0
 install -d -m 0755 "$bindir" "$unitdir"
-for b in corrald corralctl; do
+for b in corrald corralctl corral-shim; do
 	if [ -f "$BIN_SRC/$b" ]; then
 		install -m 0755 "$BIN_SRC/$b" "$bindir/$b"
 		echo "installed $bindir/$b"

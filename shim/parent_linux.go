@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"time"
 
@@ -19,9 +20,26 @@ const (
 	childReleaseFD = 5 // read end of the release pipe (only when Hold)
 )
 
-// selfExe is what the shim is started from: the running binary. Tests work
-// unchanged because their TestMain dispatches to Main.
+// selfExe is what the shim is started from by default: the running binary.
+// Tests work unchanged because their TestMain dispatches to Main.
 const selfExe = "/proc/self/exe"
+
+// binary is what Wrap and WrapPooled start: selfExe, or the corral-shim
+// that UseBinary pinned. Set once, before the first Wrap.
+var binary = selfExe
+
+// UseBinary makes Wrap and WrapPooled start the shim from f, an executable
+// whose main calls Main (cmd/corral-shim), instead of re-executing the
+// running binary. A small shim starts faster than corrald, whose package
+// initialisation (SQLite, D-Bus, logging) every shim would otherwise pay.
+// The children exec /proc/self/fd/<fd of f>, so what runs is the file
+// opened here even if its path is replaced later (an upgrade while the
+// daemon runs cannot mix versions). The caller keeps f open for as long as
+// it starts shims. Call it once, before the first Wrap; not safe for
+// concurrent use with Wrap.
+func UseBinary(f *os.File) {
+	binary = "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
+}
 
 // shimArgv0 is the shim's argv[0], visible in ps until the command execs.
 const shimArgv0 = "corral-shim"
@@ -111,7 +129,7 @@ func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
 		files = append(files, h.releaseR)
 	}
 
-	cmd.Path = selfExe
+	cmd.Path = binary
 	cmd.Args = []string{shimArgv0, Arg}
 	// The shim's own environment, never the command's (that is cfg.Env,
 	// passed in the config): one P keeps the held shim at few threads,

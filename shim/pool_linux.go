@@ -53,7 +53,7 @@ func WrapPooled(cmd *exec.Cmd) (*Handle, error) {
 	}
 	h.dispatch = os.NewFile(uintptr(sp[0]), "corral-shim-dispatch")
 	h.releaseR = os.NewFile(uintptr(sp[1]), "corral-shim-dispatch-child")
-	cmd.Path = selfExe
+	cmd.Path = binary
 	cmd.Args = []string{shimArgv0, Arg}
 	cmd.Env = []string{"GOMAXPROCS=1"}
 	cmd.Dir = ""

@@ -40,6 +40,7 @@ type config struct {
 	poolSize     int
 	storeSync    string
 	storeKind    string
+	shim         string
 }
 
 var errHelpShown = errors.New("help shown")
@@ -74,6 +75,7 @@ func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.poolSize, "pool-size", -1, "shims kept waiting in scopes of their own for the next commands that need one (0: start each inline; -1: 4 under the systemd backend, 2 under cgroup and pgroup)")
 	fs.StringVar(&c.storeKind, "store", "sqlite", "execution store: sqlite (durable, in the state dir) or memory (nothing survives a restart; for benchmarks and throw-away hosts)")
 	fs.StringVar(&c.storeSync, "store-sync", "normal", "store durability: normal (survives a crash of corrald, not of the machine; no fsync per transition) or full (fsync per group commit)")
+	fs.StringVar(&c.shim, "shim", "", "what children start through: a corral-shim path, \"self\" (re-execute corrald), or empty for corral-shim next to corrald if it is there, else self")
 	fs.DurationVar(&c.watchdogTick, "watchdog-interval", 0, "override the watchdog ping interval (default: half of WatchdogSec)")
 	return fs
 }

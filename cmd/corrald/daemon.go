@@ -61,6 +61,15 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		checks["no_new_privs"] = "ok"
 	}
 
+	shimFile, shimPath, err := pinShim(c.shim, log)
+	if err != nil {
+		return err
+	}
+	if shimFile != nil {
+		defer shimFile.Close()
+	}
+	checks["shim"] = shimPath
+
 	// 0711: only root reads or lists it (the store's files are 0600), but
 	// a user can traverse it to reach its own workspace by its absolute
 	// path (work/<id> is 0700 and the user's), which tools that resolve

@@ -42,7 +42,7 @@ func runMain(m *testing.M) int {
 	if skipReason != "" {
 		return m.Run() // every test skips with the reason
 	}
-	dir, err := testd.Build("corral-dur-bin-", "corrald")
+	dir, err := testd.Build("corral-dur-bin-", "corrald", "corral-shim")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "durability: %v\n", err)
 		return 1

@@ -136,7 +136,7 @@ func TestInstallScript(t *testing.T) {
 	if err := os.Mkdir(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []string{"corrald", "corralctl"} {
+	for _, b := range []string{"corrald", "corralctl", "corral-shim"} {
 		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!/bin/sh\n"), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -152,6 +152,7 @@ func TestInstallScript(t *testing.T) {
 	want := map[string]os.FileMode{
 		"opt/corral/bin/corrald":             0o755,
 		"opt/corral/bin/corralctl":           0o755,
+		"opt/corral/bin/corral-shim":         0o755,
 		"etc/systemd/system/corrald.service": 0o644,
 		"etc/systemd/system/corrald.socket":  0o644,
 		"etc/systemd/system/corral.slice":    0o644,

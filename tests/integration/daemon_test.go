@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 		fmt.Println("integration: skipped, needs root")
 		os.Exit(0)
 	}
-	dir, err := testd.Build("corral-bin-", "corrald", "corralctl")
+	dir, err := testd.Build("corral-bin-", "corrald", "corralctl", "corral-shim")
 	if err != nil {
 		fmt.Printf("integration: %v\n", err)
 		os.Exit(1)
@@ -345,9 +345,43 @@ func TestInfoReportsHost(t *testing.T) {
 	if info.Backend != "cgroup" || !info.Pidfd || info.Kernel == "" || info.Cgroup == "" {
 		t.Errorf("info = %+v", info)
 	}
+	// corral-shim sits next to corrald, as make install puts it.
+	if got, want := info.Checks["shim"], filepath.Join(binDir, "corral-shim"); got != want {
+		t.Errorf("daemon.info checks.shim = %q, want %q", got, want)
+	}
 	code, out, _ := d.ctl("info", "--json")
 	if code != 0 || !strings.Contains(out, `"backend": "cgroup"`) && !strings.Contains(out, `"backend":"cgroup"`) {
 		t.Errorf("corralctl info --json = %d %q", code, out)
+	}
+}
+
+// TestShimChoices: a command that needs the shim (network none) runs
+// through corral-shim, through corrald itself with --shim self, and an
+// unusable --shim stops corrald at start-up with the reason.
+func TestShimChoices(t *testing.T) {
+	for _, shimFlag := range []string{filepath.Join(binDir, "corral-shim"), "self"} {
+		d := startDaemon(t, "--scope", "cgroup", "--pool-size", "0", "--shim", shimFlag)
+		info, err := d.Client().Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Checks["shim"] != shimFlag {
+			t.Errorf("--shim %s: daemon.info checks.shim = %q", shimFlag, info.Checks["shim"])
+		}
+		code, out, errOut := d.ctl("run", "--network", "none", "--", "cat", "/proc/net/dev")
+		if code != 0 || !strings.Contains(out, "lo:") || strings.Contains(out, "eth") {
+			t.Errorf("--shim %s: network none run = %d %q %q", shimFlag, code, out, errOut)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "corral-shim")
+	if err := os.WriteFile(bad, []byte("#!/bin/sh\n"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(bad, 0o777)
+	out, err := exec.Command(filepath.Join(binDir, "corrald"), "--shim", bad, "--socket", filepath.Join(t.TempDir(), "s.sock"),
+		"--state-dir", t.TempDir(), "--scope", "pgroup").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "writable by group or others") {
+		t.Errorf("corrald --shim <world-writable file> = %v, %s; want a refusal naming why", err, out)
 	}
 }
 

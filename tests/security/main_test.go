@@ -119,7 +119,7 @@ func setup() (cleanup func(), err error) {
 	}
 
 	// The users run the binaries and the test binary from here (0755).
-	dir, err := testd.Build("corral-sec-bin-", "corrald", "corralctl")
+	dir, err := testd.Build("corral-sec-bin-", "corrald", "corralctl", "corral-shim")
 	if err != nil {
 		return cleanup, err
 	}

@@ -50,11 +50,15 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			panic(err)
 		}
-		build := exec.Command("go", "build", "-o", filepath.Join(dir, "corrald"), "../../cmd/corrald")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Printf("build corrald: %v\n%s", err, out)
-			os.Exit(1)
+		// corral-shim next to corrald, as make install puts it: the
+		// service starts its children through it.
+		for _, name := range []string{"corrald", "corral-shim"} {
+			build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "../../cmd/"+name)
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := build.CombinedOutput(); err != nil {
+				fmt.Printf("build %s: %v\n%s", name, err, out)
+				os.Exit(1)
+			}
 		}
 		os.Setenv(binEnv, dir)
 		code := harness.RunInside(m)
