@@ -367,7 +367,10 @@ func TestStatsCPUGrows(t *testing.T) {
 		if second, err = c.sc.Stats(); err != nil {
 			t.Fatal(err)
 		}
-		if second.CPUUsageNS-first.CPUUsageNS >= int64(100*time.Millisecond) || time.Now().After(deadline) {
+		// The shim (this race-built test binary) may still be starting
+		// on a loaded host, its runtime's threads counted and its CPU
+		// too: wait until only sh is left and has spun.
+		if second.CPUUsageNS-first.CPUUsageNS >= int64(100*time.Millisecond) && second.Tasks == 1 || time.Now().After(deadline) {
 			break
 		}
 	}
@@ -378,7 +381,7 @@ func TestStatsCPUGrows(t *testing.T) {
 		t.Errorf("CPUUserNS = %d, CPUSystemNS = %d; want known, user > 0", second.CPUUserNS, second.CPUSystemNS)
 	}
 	if second.Tasks != 1 {
-		t.Errorf("Tasks = %d, want 1", second.Tasks)
+		t.Errorf("Tasks = %d after up to 10 s, want 1 (the spinning sh)", second.Tasks)
 	}
 }
 
