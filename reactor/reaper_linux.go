@@ -88,7 +88,12 @@ func (rp *reaper) run() {
 	}
 }
 
+// reapOrphans reaps every child of the daemon that is not a registered
+// main process and has exited. Any goroutine; a no-op on a nil reaper.
 func (rp *reaper) reapOrphans() {
+	if rp == nil {
+		return
+	}
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
 	for _, pid := range children() {

@@ -442,6 +442,12 @@ func (r *Reactor) finishCleanup(e *execution, leftover string) {
 	}
 	sc, work, id := e.sc, e.work, e.id
 	go func() {
+		// The scope reads empty once its processes have exited, which is
+		// before they are reaped: the killed descendants that were
+		// reparented to corrald (the subreaper) are zombies until their
+		// SIGCHLD is handled. Reap them now, so that none outlives
+		// cleaned.
+		r.reaper.reapOrphans()
 		var errs []error
 		if sc != nil {
 			if err := sc.Remove(); err != nil {
