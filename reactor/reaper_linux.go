@@ -82,21 +82,33 @@ func (rp *reaper) run() {
 		case <-rp.stop:
 			return
 		case <-sig:
+			rp.reap(leaderChildren)
 		case <-tick.C:
+			rp.reap(children)
 		}
-		rp.reapOrphans()
 	}
 }
 
-// reapOrphans reaps every child of the daemon that is not a registered
-// main process and has exited. Any goroutine; a no-op on a nil reaper.
+// reapOrphans reaps the orphans that have exited: the children of the
+// daemon's main thread that are not registered main processes. The kernel
+// hands an orphan to the first live thread of its subreaper, which is the
+// main thread (it lives as long as the daemon), so this reads one file
+// however many threads the daemon has (thousands with --no-pidfd). The
+// once-a-second sweep reads every thread's list. Any goroutine; a no-op on
+// a nil reaper.
 func (rp *reaper) reapOrphans() {
 	if rp == nil {
 		return
 	}
+	rp.reap(leaderChildren)
+}
+
+// reap reaps every exited child that list returns and that is not a
+// registered main process.
+func (rp *reaper) reap(list func() []int) {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
-	for _, pid := range children() {
+	for _, pid := range list() {
 		rp.mmu.Lock()
 		main := rp.mains[pid] > 0
 		rp.mmu.Unlock()
@@ -118,6 +130,26 @@ func (rp *reaper) close() {
 	<-rp.done
 }
 
+// leaderChildren lists the children of the daemon's main thread, where
+// orphans are reparented.
+func leaderChildren() []int {
+	b, err := os.ReadFile("/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children")
+	if err != nil {
+		return nil
+	}
+	return parsePids(b, nil)
+}
+
+// parsePids appends the pids of a children file to pids.
+func parsePids(b []byte, pids []int) []int {
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // children lists the daemon's direct children from every thread's
 // /proc/self/task/<tid>/children.
 func children() []int {
@@ -131,11 +163,7 @@ func children() []int {
 		if err != nil {
 			continue
 		}
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, pid)
-			}
-		}
+		pids = parsePids(b, pids)
 	}
 	return pids
 }
