@@ -32,14 +32,27 @@ var binary = selfExe
 // whose main calls Main (cmd/corral-shim), instead of re-executing the
 // running binary. A small shim starts faster than corrald, whose package
 // initialisation (SQLite, D-Bus, logging) every shim would otherwise pay.
-// The children exec /proc/self/fd/<fd of f>, so what runs is the file
-// opened here even if its path is replaced later (an upgrade while the
-// daemon runs cannot mix versions). The caller keeps f open for as long as
-// it starts shims. Call it once, before the first Wrap; not safe for
-// concurrent use with Wrap.
-func UseBinary(f *os.File) {
-	binary = "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
+// UseBinary keeps its own descriptor of f for the life of the process (the
+// caller may close f) and children exec /proc/self/fd/<it>, so what runs is
+// the file opened now even if its path is replaced later (an upgrade while
+// the daemon runs cannot mix versions). That descriptor is numbered at
+// least pinnedFDMin: in the child, between fork and exec, os/exec moves
+// ExtraFiles onto fds 3, 4, 5 and parks others just above them, and a
+// pinned fd among those would be overwritten before the exec reads it.
+// Call it once, before the first Wrap; not safe for concurrent use with
+// Wrap.
+func UseBinary(f *os.File) error {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, pinnedFDMin)
+	if err != nil {
+		return fmt.Errorf("shim: pin %s: %w", f.Name(), os.NewSyscallError("fcntl F_DUPFD_CLOEXEC", err))
+	}
+	binary = "/proc/self/fd/" + strconv.Itoa(fd)
+	return nil
 }
+
+// pinnedFDMin is the lowest fd UseBinary pins the shim at: far above the
+// fds os/exec rearranges in a child (3 + len(ExtraFiles), twice over).
+const pinnedFDMin = 100
 
 // shimArgv0 is the shim's argv[0], visible in ps until the command execs.
 const shimArgv0 = "corral-shim"

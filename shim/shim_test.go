@@ -3,6 +3,7 @@ package shim_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,9 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == shim.Arg {
 		shim.Main()
+	}
+	if os.Getenv(pinChildEnv) == "1" {
+		os.Exit(pinChild())
 	}
 	before := openFDs()
 	code := m.Run()
@@ -442,3 +446,77 @@ func TestWrapRejects(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// pinChildEnv makes the test binary run pinChild instead of the tests.
+const pinChildEnv = "CORRAL_SHIM_PIN_CHILD"
+
+// pinChild is a fresh process that, like a daemon that has opened little
+// yet, opens its shim binary at a low fd, pins it with UseBinary and runs
+// a command through it. It prints the fd the file was opened at and exits
+// 0 when the command ran.
+func pinChild() int {
+	exe, err := os.Executable()
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	f, err := os.Open(exe)
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	os.Stdout.WriteString(strconv.Itoa(int(f.Fd())) + "\n")
+	err = shim.UseBinary(f)
+	f.Close()
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	cmd := &exec.Cmd{}
+	// Held, as under systemd: three ExtraFiles, onto fds 3, 4 and 5.
+	h, err := shim.Wrap(cmd, shim.Config{Argv: []string{"true"}, Env: []string{testPath}, Hold: true})
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	defer h.Close()
+	if err := cmd.Start(); err != nil {
+		os.Stderr.WriteString("start: " + err.Error() + "\n")
+		return 1
+	}
+	h.CloseChildEnds()
+	if err := h.Release(); err != nil {
+		os.Stderr.WriteString("release: " + err.Error() + "\n")
+	}
+	rep, err := h.WaitExec(10 * time.Second)
+	werr := cmd.Wait()
+	if rep != nil || err != nil || werr != nil {
+		os.Stderr.WriteString(fmt.Sprintf("report %+v, WaitExec %v, Wait %v\n", rep, err, werr))
+		return 1
+	}
+	return 0
+}
+
+// TestUseBinaryPinsAboveRearrangedFDs: a shim binary opened at a low fd
+// (where a daemon that has opened little puts it) still starts children.
+// In the child, os/exec moves ExtraFiles onto fds 3, 4 and 5 before the
+// exec reads /proc/self/fd/<n>, so a pin among them would exec the wrong
+// file (found when corrald inside a fresh systemd opened corral-shim at
+// fd 5: "fork/exec /proc/self/fd/5: permission denied").
+func TestUseBinaryPinsAboveRearrangedFDs(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = []string{pinChildEnv + "=1", testPath}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("a command through a shim pinned from fd %s: %v: %s", strings.TrimSpace(string(out)), err, stderr.String())
+	}
+	if fd, _ := strconv.Atoi(strings.TrimSpace(string(out))); fd > 5 {
+		t.Logf("the child opened its shim at fd %d, above the fds os/exec rearranges: this run did not test the low case", fd)
+	}
+}

@@ -61,12 +61,9 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		checks["no_new_privs"] = "ok"
 	}
 
-	shimFile, shimPath, err := pinShim(c.shim, log)
+	shimPath, err := pinShim(c.shim, log)
 	if err != nil {
 		return err
-	}
-	if shimFile != nil {
-		defer shimFile.Close()
 	}
 	checks["shim"] = shimPath
 

@@ -21,35 +21,37 @@ const shimName = "corral-shim"
 // safe to run); "self" always re-executes corrald; anything else is a path
 // that must be usable. The file is opened once, here, and the children
 // exec that open file (shim.UseBinary), so replacing it on disk later has
-// no effect until corrald restarts. It returns the open file (nil for
-// self; the caller keeps it open while the daemon runs) and what
-// daemon.info reports.
-func pinShim(flag string, log zerolog.Logger) (*os.File, string, error) {
+// no effect until corrald restarts. It returns what daemon.info reports.
+func pinShim(flag string, log zerolog.Logger) (string, error) {
 	path, explicit := flag, flag != ""
 	switch flag {
 	case "self":
-		return nil, "self", nil
+		return "self", nil
 	case "":
 		exe, err := os.Executable()
 		if err != nil {
 			log.Warn().Err(err).Msg("cannot find corrald's own binary; children start through corrald itself")
-			return nil, "self", nil
+			return "self", nil
 		}
 		path = filepath.Join(filepath.Dir(exe), shimName)
 	}
 	f, err := openShim(path)
 	if err != nil {
 		if explicit {
-			return nil, "", fmt.Errorf("--shim %s: %w", path, err)
+			return "", fmt.Errorf("--shim %s: %w", path, err)
 		}
 		if !errors.Is(err, os.ErrNotExist) {
 			log.Warn().Err(err).Str("shim", path).Msg("not using corral-shim; children start through corrald itself (slower)")
 		}
-		return nil, "self", nil
+		return "self", nil
 	}
-	shim.UseBinary(f)
+	err = shim.UseBinary(f)
+	f.Close() // UseBinary keeps its own descriptor
+	if err != nil {
+		return "", err
+	}
 	log.Info().Str("shim", path).Msg("children start through corral-shim")
-	return f, path, nil
+	return path, nil
 }
 
 // openShim opens path for exec and checks it as sudo checks what it runs

@@ -69,20 +69,20 @@ func TestOpenShimRefusesWhatRootShouldNotRun(t *testing.T) {
 
 func TestPinShimChoices(t *testing.T) {
 	log := zerolog.Nop()
-	if f, what, err := pinShim("self", log); f != nil || what != "self" || err != nil {
-		t.Errorf(`pinShim("self") = %v, %q, %v; want no file, "self"`, f, what, err)
+	if what, err := pinShim("self", log); what != "self" || err != nil {
+		t.Errorf(`pinShim("self") = %q, %v; want "self"`, what, err)
 	}
 	// Nothing named corral-shim next to the test binary: corrald itself.
 	exe, _ := os.Executable()
 	if _, err := os.Stat(filepath.Join(filepath.Dir(exe), shimName)); !errors.Is(err, os.ErrNotExist) {
 		t.Skipf("%s exists next to the test binary", shimName)
 	}
-	if f, what, err := pinShim("", log); f != nil || what != "self" || err != nil {
-		t.Errorf(`pinShim("") without corral-shim = %v, %q, %v; want no file, "self"`, f, what, err)
+	if what, err := pinShim("", log); what != "self" || err != nil {
+		t.Errorf(`pinShim("") without corral-shim = %q, %v; want "self"`, what, err)
 	}
 	// An explicit --shim that cannot be used is an error, not a fallback.
 	missing := filepath.Join(t.TempDir(), shimName)
-	if _, _, err := pinShim(missing, log); err == nil || !strings.Contains(err.Error(), "--shim") {
+	if _, err := pinShim(missing, log); err == nil || !strings.Contains(err.Error(), "--shim") {
 		t.Errorf("pinShim(%s) = %v, want an error naming --shim", missing, err)
 	}
 }
