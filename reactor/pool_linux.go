@@ -18,7 +18,7 @@ import (
 
 // pool keeps shims already started and placed in scopes of their own, each
 // waiting for a command. Creating a scope costs a D-Bus round trip and a
-// systemd job under the systemd backend, and forking corrald costs a few
+// systemd job under the systemd backend, and starting a shim process costs
 // milliseconds anywhere; the pool pays both ahead of time, off the hot path,
 // so exec.start only applies the request's limits, hands the command and
 // its stdio to a waiting shim, and waits for its exec.

@@ -137,8 +137,8 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 
 	// Without systemd, a root caller's command on the host network is
 	// exec'd straight from os/exec (vfork + exec) into a cgroup or session
-	// made in place; every other command goes through the shim (corrald
-	// re-executed), to be held until its systemd scope holds it, to enter a
+	// made in place; every other command goes through the shim (package
+	// shim), to be held until its systemd scope holds it, to enter a
 	// new network namespace, or to drop to the caller's user.
 	hold := r.cfg.Backend.Name() == "systemd"
 	needShim := hold || p.Network == "none" || asUser
@@ -176,9 +176,10 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	if p.Network == "none" {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
-	// The shim: corrald re-executed as the child, to hold it until the
-	// systemd scope holds it, and to do what SysProcAttr cannot (bring up
-	// lo in a new network namespace before dropping to the user). A
+	// The shim (corral-shim, or corrald re-executed) as the child: to hold
+	// it until the systemd scope holds it, and to do what SysProcAttr
+	// cannot (bring up lo in a new network namespace before dropping to
+	// the user). A
 	// non-root user's workspace sits under the root-only state directory:
 	// the shim enters it before dropping privileges, which os/exec cannot
 	// (it changes the credentials first, then the directory), and checks

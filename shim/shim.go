@@ -1,5 +1,6 @@
-// Package shim is corral's child-side launcher. corrald re-executes itself
-// as the shim whenever a child must be held before it runs anything of the
+// Package shim is corral's child-side launcher. corrald starts it
+// (cmd/corral-shim, pinned with UseBinary, or corrald itself re-executed)
+// whenever a child must be held before it runs anything of the
 // caller's (so that a systemd scope can be created around it first), or
 // needs set-up that os/exec's SysProcAttr cannot do (bringing up the
 // loopback interface of a new network namespace, rlimits, no_new_privs, a
@@ -7,7 +8,8 @@
 //
 // Parent side: Wrap rewrites an *exec.Cmd so that it starts the shim, and
 // returns a Handle holding the parent's ends of the shim's pipes. Child side:
-// cmd/corrald's main calls Main first thing when os.Args[1] == Arg; Main reads
+// the main of cmd/corral-shim and of cmd/corrald calls Main first thing when
+// os.Args[1] == Arg; Main reads
 // its Config, waits for Release when held, does the set-up and execs the
 // command. A failure before exec is reported as an ExecError on the error
 // pipe, and the shim exits with ExitNotFound or ExitCannotExec.

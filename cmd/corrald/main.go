@@ -22,7 +22,8 @@ import (
 var version = "dev"
 
 func main() {
-	// The shim: corrald re-executed as a held child. It must run before
+	// The shim, when corrald runs as its own (--shim self, or no
+	// corral-shim next to it). It must run before
 	// anything else touches the process (flags, threads' state, fds).
 	if len(os.Args) > 1 && os.Args[1] == shim.Arg {
 		shim.Main()

@@ -62,7 +62,7 @@ func openShim(path string) (*os.File, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("not an absolute path")
 	}
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	f, err := os.Open(path) // close-on-exec, as every fd os opens
 	if err != nil {
 		return nil, err
 	}
