@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -888,5 +890,44 @@ func TestWarmPoolReplacesDeadShim(t *testing.T) {
 	rec := tr.run(api.StartParams{Argv: []string{"echo", "after"}})
 	if tr.stdout(rec.ID) != "after\n" {
 		t.Errorf("run after the replacement: %q", tr.stdout(rec.ID))
+	}
+}
+
+// TestOrphansAreMainThreadChildren: the reaper's quick path reads only the
+// main thread's children list, on the claim that the kernel hands an orphan
+// to the first live thread of its subreaper. An orphan made by a child that
+// another thread forked must show up there, and be reaped once it exits.
+func TestOrphansAreMainThreadChildren(t *testing.T) {
+	tr := newTestReactor(t, nil) // makes this process a child subreaper
+	out := make(chan []byte, 1)
+	go func() {
+		// A locked goroutine is unlikely to run on the main thread.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		b, _ := exec.Command("sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!").Output()
+		out <- b
+	}()
+	pid, err := strconv.Atoi(strings.TrimSpace(string(<-out)))
+	if err != nil {
+		t.Fatalf("orphan pid: %v", err)
+	}
+	// sh has exited and been waited for: sleep was reparented then.
+	if !slices.Contains(leaderChildren(), pid) {
+		unix.Kill(pid, unix.SIGKILL)
+		t.Fatalf("orphan %d is not among the main thread's children %v (all threads: %v)", pid, leaderChildren(), children())
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		tr.reaper.reapOrphans()
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan %d not reaped", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/scope"
 )
 
 func TestConfigFileFillsFlagsNotGiven(t *testing.T) {
@@ -46,5 +48,27 @@ func TestConfigFileErrors(t *testing.T) {
 	}
 	if _, err := parseConfig([]string{"--config", "/nonexistent/corrald.conf"}); err == nil {
 		t.Error("a missing explicit config file is not an error")
+	}
+}
+
+// namedBackend is a scope.Backend that only has a name, for poolSize.
+type namedBackend struct{ scope.Backend }
+
+func (namedBackend) Name() string { return "systemd" }
+
+func TestPoolSizeDefaults(t *testing.T) {
+	for _, tt := range []struct {
+		flag int
+		b    scope.Backend
+		want int
+	}{
+		{-1, namedBackend{}, 4},    // every command waits in a shim for its scope
+		{-1, scope.NewPgroup(), 2}, // only non-root and network none need a shim
+		{0, namedBackend{}, 0},     // an explicit size wins
+		{7, scope.NewPgroup(), 7},
+	} {
+		if got := poolSize(tt.flag, tt.b); got != tt.want {
+			t.Errorf("poolSize(%d, %s) = %d, want %d", tt.flag, tt.b.Name(), got, tt.want)
+		}
 	}
 }
