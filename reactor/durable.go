@@ -216,3 +216,27 @@ func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) 
 	}
 	return err
 }
+
+// followers once it is durable. Loop goroutine only.
+func (r *Reactor) commit(e *execution, from api.State) {
+	r.runningAt.Store(int64(r.running))
+	rec := r.snapshot(e)
+	r.persist(e, from, rec, func(bool) {
+		r.tell(e, rec)
+		if e.startAck != nil {
+			e.startAck <- rec
+			e.startAck = nil
+		}
+	})
+}
+
+// tell sends a state notification to e's followers.
+func (r *Reactor) tell(e *execution, rec api.Record) {
+	if len(e.followers) == 0 {
+		return
+	}
+	n := api.StateNotification{Record: rec}
+	for f := range e.followers {
+		f.notify(api.NotifyState, n)
+	}
+}

@@ -1,0 +1,74 @@
+package reactor
+
+// Enforcing cpu_ms and memory_bytes while the tree runs: the sampler and the
+// counters it reads.
+
+import (
+	"os"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/scope"
+)
+
+// armSampler samples the tree's cgroup every SampleInterval to enforce
+// cpu_ms and notice OOM kills while the main process still runs.
+func (r *Reactor) armSampler(e *execution) {
+	e.sampler = r.loop.AfterFunc(r.cfg.SampleInterval, func() {
+		e.sampler = nil
+		if e.state != api.StateRunning && e.state != api.StateCanceling {
+			return
+		}
+		st := r.stats(e)
+		mergeStats(&e.rec.Usage, st)
+		switch {
+		case st.OOMKills > 0 && e.params.MemoryBytes > 0:
+			r.toCanceling(e, api.OutcomeMemoryLimit, true)
+		case e.params.CPUMS > 0 && st.CPUUsageNS >= e.params.CPUMS*1e6:
+			r.toCanceling(e, api.OutcomeCPULimit, true)
+		}
+		if !e.state.Finished() && e.pending == "" {
+			r.armSampler(e)
+		}
+	})
+}
+
+// stats reads the scope's counters, falling back to /proc for the main
+// process when the backend cannot measure CPU.
+func (r *Reactor) stats(e *execution) scope.Stats {
+	st := scope.Stats{CPUUsageNS: scope.Unknown, CPUUserNS: scope.Unknown, CPUSystemNS: scope.Unknown,
+		MemoryPeak: scope.Unknown, TasksPeak: scope.Unknown, Tasks: scope.Unknown, OOMKills: scope.Unknown}
+	if e.sc != nil {
+		if s, err := e.sc.Stats(); err == nil {
+			st = s
+		}
+	}
+	if st.CPUUsageNS < 0 && e.proc != nil && !e.state.Finished() {
+		if ns, ok := procCPUTime(e.proc.Pid); ok {
+			st.CPUUsageNS = ns
+		}
+	}
+	return st
+}
+
+func mergeStats(u *api.Usage, st scope.Stats) {
+	if st.CPUUserNS >= 0 {
+		u.CPUUserMS = max(u.CPUUserMS, st.CPUUserNS/1e6)
+	}
+	if st.CPUSystemNS >= 0 {
+		u.CPUSystemMS = max(u.CPUSystemMS, st.CPUSystemNS/1e6)
+	}
+	if st.MemoryPeak >= 0 {
+		u.PeakMemoryBytes = max(u.PeakMemoryBytes, st.MemoryPeak)
+	}
+	if st.TasksPeak >= 0 {
+		u.TasksPeak = max(u.TasksPeak, st.TasksPeak)
+	}
+	if st.Tasks >= 0 {
+		u.TasksPeak = max(u.TasksPeak, st.Tasks)
+	}
+}
+
+// children it waited for.
+func rusageCPU(ps *os.ProcessState) int64 {
+	return (ps.UserTime() + ps.SystemTime()).Milliseconds()
+}

@@ -1,0 +1,473 @@
+package reactor
+
+// The ipc.Service methods: each validates its params, then posts work to the
+// loop (onLoop) and waits for the answer, falling back to the store for
+// executions no longer in memory. Any goroutine.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/store"
+)
+
+// Start implements exec.start.
+func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams) (api.Record, error) {
+	if r.stopping.Load() {
+		return api.Record{}, api.Errorf(api.CodeShuttingDown, "daemon is shutting down")
+	}
+	if err := normalize(&p, r.cfg.Defaults); err != nil {
+		return api.Record{}, err
+	}
+	runAs, err := resolveUser(caller, p.User)
+	if err != nil {
+		return api.Record{}, err
+	}
+	if p.Network != "none" && otherNetns(caller.PID) {
+		// A caller without the host's network (itself in a network "none"
+		// execution) cannot get it back through corrald.
+		p.Network = "none"
+	}
+	// An idempotency key may name an execution from before a restart.
+	var prior *api.Record
+	if p.ID != "" {
+		if rec, ok, err := r.store.Get(p.ID); err == nil && ok {
+			prior = &rec
+		}
+	}
+	var (
+		e   *execution
+		rec api.Record
+		old bool
+	)
+	if err := r.onLoop(ctx, func() { e, rec, old, err = r.create(caller, p, prior) }); err != nil {
+		return api.Record{}, err
+	}
+	if err != nil || old {
+		return rec, err
+	}
+	// The record is durable before the child is spawned: no execution can
+	// run that the store does not know of.
+	if err := <-r.store.Create(rec, storedParams(p)); err != nil {
+		_ = r.onLoop(context.Background(), func() { r.abandon(e) })
+		return api.Record{}, &api.Error{Code: api.CodeInternal,
+			Message: fmt.Sprintf("store: cannot record the execution, nothing was started: %v", err), Err: err}
+	}
+	sp := r.spawn(e, runAs)
+	// Hand the child to the loop whatever the client does now: from here
+	// the execution belongs to the reactor.
+	// The answer waits until the running (or failed-start) record is
+	// durable: a record the client was given is one recovery knows, scope
+	// and pid included.
+	recCh := make(chan api.Record, 1)
+	r.post(func() {
+		e.startAck = recCh
+		r.adopt(e, sp)
+	})
+	select {
+	case rec := <-recCh:
+		return rec, nil
+	case <-ctx.Done():
+		return api.Record{}, ctx.Err()
+	}
+}
+
+// create registers a new execution in state started, or finds the one with
+// the same idempotency key. Loop goroutine only.
+func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record) (*execution, api.Record, bool, error) {
+	if p.ID != "" {
+		var found *api.Record
+		if old, ok := r.execs[p.ID]; ok {
+			rec := r.snapshot(old)
+			found = &rec
+		} else if prior != nil {
+			found = prior
+		}
+		if found != nil {
+			if found.Owner.UID != caller.UID {
+				return nil, api.Record{}, false, api.Errorf(api.CodeIdempotency, "id: %q is already in use", p.ID)
+			}
+			if !slices.Equal(found.Argv, p.Argv) {
+				return nil, api.Record{}, false, api.Errorf(api.CodeIdempotency, "id: %q was started with a different argv", p.ID)
+			}
+			return nil, *found, true, nil
+		}
+	}
+	if r.cfg.MaxRunning > 0 && r.running >= r.cfg.MaxRunning {
+		return nil, api.Record{}, false, api.Errorf(api.CodeOverCapacity, "over capacity: %d executions running (max %d)", r.running, r.cfg.MaxRunning)
+	}
+	if r.cfg.MaxPerUID > 0 && r.perUID[caller.UID] >= r.cfg.MaxPerUID {
+		return nil, api.Record{}, false, api.Errorf(api.CodeOverCapacity, "over capacity: uid %d has %d executions running (max %d)", caller.UID, r.perUID[caller.UID], r.cfg.MaxPerUID)
+	}
+	now := time.Now()
+	id := p.ID
+	if id == "" {
+		id = newID(now)
+	}
+	e := &execution{
+		id: id, owner: caller, params: p,
+		state: api.StateStarted, pidfd: -1,
+		waiters:   make(map[chan api.Record]struct{}),
+		followers: make(map[*follower]struct{}),
+	}
+	e.rec = api.Record{
+		ID: id, Owner: caller, Argv: p.Argv, Labels: p.Labels, State: api.StateStarted,
+		CreatedAt: now, User: p.User, Network: p.Network, Backend: r.cfg.Backend.Name(),
+		TimeoutMS: p.TimeoutMS,
+	}
+	r.execs[id] = e
+	r.running++
+	r.perUID[caller.UID]++
+	r.total.Add(1)
+	argv := make([]string, len(p.Argv))
+	copy(argv, p.Argv)
+	r.audit(e, "started").Strs("argv", argv).Msg("execution started")
+	return e, r.snapshot(e), false, nil
+}
+
+// abandon forgets an execution whose record could not be stored; nothing
+// was started for it. Loop goroutine only.
+func (r *Reactor) abandon(e *execution) {
+	delete(r.execs, e.id)
+	r.running--
+	if r.perUID[e.owner.UID]--; r.perUID[e.owner.UID] <= 0 {
+		delete(r.perUID, e.owner.UID)
+	}
+	r.runningAt.Store(int64(r.running))
+	r.audit(e, "refused").Msg("execution refused: store unavailable")
+}
+
+// Get implements exec.get.
+func (r *Reactor) Get(ctx context.Context, caller api.Owner, p api.IDParams) (rec api.Record, err error) {
+	if p.ID == "" {
+		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	err = r.orStored(ctx, func() error {
+		e, err := r.lookup(caller, p.ID)
+		if err == nil {
+			rec = r.snapshot(e)
+		}
+		return err
+	}, func() (err error) {
+		rec, err = r.stored(caller, p.ID)
+		return err
+	})
+	return rec, err
+}
+
+// Wait implements exec.wait: the record once cleaned, or the current one
+// when timeout_ms passes first.
+func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) (api.Record, error) {
+	if p.ID == "" {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	if p.TimeoutMS != nil && *p.TimeoutMS < 0 {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "timeout_ms: must not be negative")
+	}
+	var (
+		rec api.Record
+		ch  chan api.Record
+		err error
+		e   *execution
+	)
+	if lerr := r.onLoop(ctx, func() {
+		if e, err = r.lookup(caller, p.ID); err != nil {
+			return
+		}
+		rec = r.snapshot(e)
+		if !e.done {
+			ch = make(chan api.Record, 1)
+			e.waiters[ch] = struct{}{}
+		}
+	}); lerr != nil {
+		return rec, lerr
+	}
+	if err == api.ErrNotFound {
+		return r.stored(caller, p.ID)
+	}
+	if err != nil || ch == nil {
+		return rec, err
+	}
+	var timeout <-chan time.Time
+	if p.TimeoutMS != nil {
+		t := time.NewTimer(time.Duration(*p.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case rec = <-ch:
+		return rec, nil
+	case <-timeout:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	cur := rec
+	_ = r.onLoop(context.Background(), func() {
+		delete(e.waiters, ch)
+		cur = r.snapshot(e)
+	})
+	return cur, err
+}
+
+// Cancel implements exec.cancel; idempotent.
+func (r *Reactor) Cancel(ctx context.Context, caller api.Owner, p api.CancelParams) (rec api.Record, err error) {
+	if p.ID == "" {
+		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	err = r.orStored(ctx, func() error {
+		e, err := r.lookup(caller, p.ID)
+		if err != nil {
+			return err
+		}
+		if !e.state.Finished() && e.state != api.StateCanceling && e.pending == "" {
+			e.rec.CancelReason = p.Reason
+			r.toCanceling(e, api.OutcomeCancelled, false)
+		}
+		rec = r.snapshot(e)
+		return nil
+	}, func() (err error) {
+		rec, err = r.stored(caller, p.ID) // finished: cancel is a no-op
+		return err
+	})
+	return rec, err
+}
+
+// Signal implements exec.signal. A finished execution is not signalled; its
+// record is returned unchanged.
+func (r *Reactor) Signal(ctx context.Context, caller api.Owner, p api.SignalParams) (rec api.Record, err error) {
+	if p.ID == "" {
+		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	sig, err := parseSignal(p.Signal)
+	if err != nil {
+		return rec, err
+	}
+	if p.Target != "" && p.Target != "all" && p.Target != "main" {
+		return rec, api.Errorf(api.CodeInvalidParams, "target: must be \"all\" or \"main\"")
+	}
+	err = r.orStored(ctx, func() (err error) {
+		e, err := r.lookup(caller, p.ID)
+		if err != nil {
+			return err
+		}
+		rec = r.snapshot(e)
+		switch {
+		case e.state.Finished():
+		case e.state == api.StateStarted:
+			err = api.Errorf(api.CodeInvalidParams, "id: execution is still starting; retry")
+		case p.Target == "main":
+			if serr := e.proc.Signal(sig); serr != nil {
+				err = api.Errorf(api.CodeInvalidParams, "signal main process: %v", serr)
+			}
+		default:
+			r.signalTree(e, sig)
+		}
+		if err == nil {
+			r.log.Info().Str("exec_id", e.id).Str("event", "signal").Str("signal", signalName(sig)).
+				Str("target", p.Target).Uint32("caller_uid", caller.UID).Msg("signal sent")
+		}
+		return err
+	}, func() (err error) {
+		rec, err = r.stored(caller, p.ID) // finished: nothing to signal
+		return err
+	})
+	return rec, err
+}
+
+// Write implements exec.write.
+func (r *Reactor) Write(ctx context.Context, caller api.Owner, p api.WriteParams) (res api.WriteResult, err error) {
+	if p.ID == "" {
+		return res, api.Errorf(api.CodeInvalidParams, "id: required")
+	}
+	err = r.orStored(ctx, func() (err error) {
+		e, err := r.lookup(caller, p.ID)
+		if err != nil {
+			return err
+		}
+		res.Written, err = r.writeStdin(e, p.Data, p.Close)
+		return err
+	}, func() error {
+		if _, err := r.stored(caller, p.ID); err != nil {
+			return err
+		}
+		return api.Errorf(api.CodeInvalidParams, "stdin: the execution has finished")
+	})
+	return res, err
+}
+
+// List implements exec.list, newest first.
+func (r *Reactor) List(ctx context.Context, caller api.Owner, p api.ListParams) (res api.ListResult, err error) {
+	var want api.State
+	if p.State != "" {
+		if want, err = api.ParseState(p.State); err != nil {
+			return res, api.Errorf(api.CodeInvalidParams, "state: %v", err)
+		}
+	}
+	if p.Limit < 0 {
+		return res, api.Errorf(api.CodeInvalidParams, "limit: must not be negative")
+	}
+	if p.Limit == 0 || p.Limit > maxList {
+		// An hour of retained records can be many: answers stay bounded.
+		p.Limit = maxList
+	}
+	res.Executions = []api.Record{}
+	if lerr := r.onLoop(ctx, func() {
+	next:
+		for _, e := range r.execs {
+			if caller.UID != 0 && e.owner.UID != caller.UID {
+				continue
+			}
+			if want != 0 && e.state != want {
+				continue
+			}
+			for k, v := range p.Labels {
+				if e.params.Labels[k] != v {
+					continue next
+				}
+			}
+			res.Executions = append(res.Executions, r.snapshot(e))
+		}
+	}); lerr != nil {
+		return res, lerr
+	}
+	// Cleaned executions live in the store only.
+	f := store.ListFilter{Labels: p.Labels}
+	if caller.UID != 0 {
+		uid := caller.UID
+		f.OwnerUID = &uid
+	}
+	if want != 0 {
+		f.State = &want
+	}
+	f.Limit = p.Limit + len(res.Executions)
+	if want == 0 || want == api.StateCleaned {
+		old, serr := r.store.List(f)
+		if serr != nil {
+			return res, &api.Error{Code: api.CodeInternal, Message: "store: read failed", Err: serr}
+		}
+		seen := make(map[string]bool, len(res.Executions))
+		for _, rec := range res.Executions {
+			seen[rec.ID] = true
+		}
+		for _, rec := range old {
+			if !seen[rec.ID] {
+				res.Executions = append(res.Executions, rec)
+			}
+		}
+	}
+	sort.Slice(res.Executions, func(i, j int) bool {
+		return res.Executions[i].CreatedAt.After(res.Executions[j].CreatedAt)
+	})
+	if len(res.Executions) > p.Limit {
+		res.Executions = res.Executions[:p.Limit]
+	}
+	return res, nil
+}
+
+// Output implements exec.output.
+func (r *Reactor) Output(ctx context.Context, caller api.Owner, p api.OutputParams) (res api.OutputResult, err error) {
+	idx, err := streamIndex(p.Stream)
+	if err != nil {
+		return res, err
+	}
+	if p.Offset < 0 || p.Limit < 0 {
+		return res, api.Errorf(api.CodeInvalidParams, "offset, limit: must not be negative")
+	}
+	limit := p.Limit
+	if limit == 0 || limit > 4<<20 {
+		limit = 4 << 20
+	}
+	err = r.orStored(ctx, func() (err error) {
+		e, err := r.lookup(caller, p.ID)
+		if err != nil {
+			return err
+		}
+		s := e.streams[idx]
+		if s == nil { // never started
+			res = api.OutputResult{Data: []byte{}, Offset: 0, EOF: e.state.Finished()}
+			return nil
+		}
+		data, start, gap := s.kept.read(p.Offset, limit)
+		res = api.OutputResult{
+			Data: data, Offset: start, NextOffset: start + int64(len(data)),
+			TotalBytes: s.kept.total, Gap: gap,
+		}
+		res.EOF = s.fd < 0 && res.NextOffset >= s.kept.total
+		if res.Data == nil {
+			res.Data = []byte{}
+		}
+		return nil
+	}, func() (err error) {
+		res, err = r.storedOutput(caller, p, limit)
+		return err
+	})
+	return res, err
+}
+
+func streamIndex(s string) (int, error) {
+	switch s {
+	case "", "stdout":
+		return 0, nil
+	case "stderr":
+		return 1, nil
+	}
+	return 0, api.Errorf(api.CodeInvalidParams, "stream: must be \"stdout\" or \"stderr\"")
+}
+
+// Info implements daemon.info.
+func (r *Reactor) Info(ctx context.Context) (api.Info, error) {
+	info := r.cfg.Info
+	info.PID = os.Getpid()
+	info.Backend = r.cfg.Backend.Name()
+	info.Pidfd = info.Pidfd && !r.cfg.NoPidfd
+	info.Default = r.cfg.Defaults
+	info.Running = int(r.runningAt.Load())
+	info.Total = r.total.Load()
+	info.Store = store.Status(r.store)
+	if r.pool != nil {
+		pi := &api.PoolInfo{Size: r.pool.size, Idle: r.pool.idleCount(), Hits: r.pool.hits.Load(), Misses: r.pool.misses.Load()}
+		if n := pi.Hits + pi.Misses; n > 0 {
+			pi.HitRate = float64(pi.Hits) / float64(n)
+		}
+		info.Pool = pi
+	}
+	return info, nil
+}
+
+// Shutdown refuses new executions with -32005, cancels the running ones
+// after drain, and returns once all are cleaned or ctx ends.
+func (r *Reactor) Shutdown(ctx context.Context, drain time.Duration) error {
+	r.stopping.Store(true)
+	deadline := time.Now().Add(drain)
+	for {
+		var left int
+		_ = r.onLoop(ctx, func() {
+			// Done when nothing runs and every record is durable.
+			left = r.running + r.inflight + len(r.dirty)
+			if r.running == 0 && len(r.dirty) > 0 && r.retry == nil {
+				r.retryDirty()
+			}
+			if time.Now().After(deadline) {
+				for _, e := range r.execs {
+					if !e.state.Finished() && e.pending == "" {
+						e.rec.CancelReason = "daemon shutting down"
+						r.toCanceling(e, api.OutcomeCancelled, false)
+					}
+				}
+			}
+		})
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("shutdown: %d executions not cleaned: %w", left, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
