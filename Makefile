@@ -10,6 +10,9 @@ SOCKET   ?= /run/corral/corrald.sock
 STATEDIR ?= /var/lib/corral
 # Bounded fuzzing of the request decoder and param validation in make test.
 FUZZTIME ?= 20s
+# Pinned so every machine runs the same checks; go run fetches it through the
+# module proxy, so a fresh clone needs nothing installed by hand.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: build run test fuzz bench lint install clean
 
@@ -26,6 +29,8 @@ run: build
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) mod tidy -diff
+	$(GO) run $(STATICCHECK) ./...
 
 # Unit tests (race detector on), then the integration tests: against a real
 # corrald on this host, and inside a private systemd booted by tests/harness.

@@ -75,7 +75,7 @@ func TestBenchSuite(t *testing.T) {
 	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s. Load average at the end: %s.\n", time.Since(start).Round(time.Second), loadAvg())
 	t.Logf("results:\n%s", s.out.String())
 	if path := os.Getenv("CORRAL_BENCH_OUT"); path != "" {
-		if err := os.WriteFile(path, []byte(s.out.String()), 0o644); err != nil {
+		if err := os.WriteFile(path, s.out.Bytes(), 0o644); err != nil {
 			t.Errorf("write %s: %v", path, err)
 		}
 	}
@@ -149,7 +149,7 @@ func (s *suite) header() {
 		kernel = utsString(u.Release[:])
 	}
 	goVer := runtime.Version()
-	if out, err := exec.Command(goTool(), "version").Output(); err == nil {
+	if out, err := exec.Command(testd.GoTool(), "version").Output(); err == nil {
 		goVer = strings.TrimSpace(string(out))
 	}
 	fmt.Fprintf(&s.out, "Machine: %d CPUs (nproc), kernel %s, %s, %s.\n", runtime.NumCPU(), kernel, goVer, cpuModel())
@@ -241,13 +241,6 @@ func loadAvg() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], " ")
-}
-
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 // buildCorrald builds corrald (cgo-free, as make build does) into a

@@ -149,7 +149,7 @@ func (s *suite) benchProfile(t *testing.T) {
 			if mode == "cum" {
 				args = append(args, "-cum")
 			}
-			out, err := exec.Command(goTool(), append(args, p.file)...).CombinedOutput()
+			out, err := exec.Command(testd.GoTool(), append(args, p.file)...).CombinedOutput()
 			if err != nil {
 				t.Errorf("go tool pprof %s: %v\n%s", p.file, err, out)
 				continue

@@ -50,7 +50,6 @@ func TestMain(m *testing.M) {
 type fakeService struct {
 	mu      sync.Mutex
 	callers []api.Owner
-	cancels []string
 
 	release     chan struct{} // closes to end blocking waits
 	waitStarted chan struct{} // receives once per blocking wait that reached the service

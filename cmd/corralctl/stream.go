@@ -33,8 +33,6 @@ type streamer struct {
 	warn  io.Writer            // notes about bytes the daemon did not keep
 	next  map[string]int64     // next offset to write, per stream
 	notes chan json.RawMessage
-	// rawNotes, when set, receives every notification instead (logs -f --json).
-	rawNotes func(method string, params json.RawMessage)
 }
 
 func newStreamer(c *ipc.Client, id string, out map[string]io.Writer, warn io.Writer) *streamer {

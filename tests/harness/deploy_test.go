@@ -98,7 +98,7 @@ func TestDeployUnits(t *testing.T) {
 		}
 	}
 
-	if got := run(t, sd, "systemctl", "show", "-p", "LoadError", "corrald.service", "corrald.socket", "corral.slice"); strings.Trim(got, "LoadError=\" \n") != "" {
+	if got := run(t, sd, "systemctl", "show", "-p", "LoadError", "corrald.service", "corrald.socket", "corral.slice"); strings.Trim(strings.ReplaceAll(got, "LoadError=", ""), "\" \n") != "" {
 		t.Errorf("LoadError: %s", got)
 	}
 

@@ -36,6 +36,7 @@ func TestMain(m *testing.M) {
 		runtime.GOMAXPROCS(4)
 		for i := 0; i < 4; i++ {
 			go func() {
+				//lint:ignore SA5002 this helper exists to spin a CPU until killed
 				for {
 				}
 			}()

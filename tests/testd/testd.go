@@ -40,7 +40,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 )
 
 // Module is the import path of corral's module; commands are built from
@@ -65,7 +64,7 @@ func Build(prefix string, cmds ...string) (string, error) {
 		return "", fmt.Errorf("build corral binaries: %w", err)
 	}
 	for _, name := range cmds {
-		cmd := exec.Command(goTool(), "build", "-trimpath", "-o", filepath.Join(dir, name), Module+"/cmd/"+name)
+		cmd := exec.Command(GoTool(), "build", "-trimpath", "-o", filepath.Join(dir, name), Module+"/cmd/"+name)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			os.RemoveAll(dir)
@@ -75,13 +74,13 @@ func Build(prefix string, cmds ...string) (string, error) {
 	return dir, nil
 }
 
-// goTool is the go command: the one on PATH, else the one of the toolchain
-// that built the test binary.
-func goTool() string {
+// GoTool is the go command on PATH. go test puts the toolchain that runs the
+// test first on PATH, so this is the go that built the test binary.
+func GoTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
+	return "go"
 }
 
 // Tail returns the last n bytes of s, marked with a leading "..." when it
