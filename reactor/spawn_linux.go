@@ -419,11 +419,10 @@ func procCPUTime(pid int) (int64, bool) {
 // makeWorkspace creates <stateDir>/work/<id>, mode 0700, owned by the run-as
 // user.
 func makeWorkspace(stateDir, id string, ra runAs) (string, error) {
-	parent := filepath.Join(stateDir, "work")
-	if err := os.MkdirAll(parent, 0o711); err != nil {
+	if err := os.MkdirAll(WorkspaceRoot(stateDir), 0o711); err != nil {
 		return "", err
 	}
-	dir := filepath.Join(parent, id)
+	dir := WorkspaceDir(stateDir, id)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", err
 	}

@@ -44,66 +44,27 @@ func newLogger(c *config) zerolog.Logger {
 	return zerolog.New(w).Level(level).With().Timestamp().Str("component", "corrald").Logger()
 }
 
-// run is the daemon: checks the host, picks the backend, cleans up after an
-// earlier run, listens, supervises until ctx ends, then shuts down
-// gracefully.
+// run is the daemon, as the steps below in order: harden the process, pin
+// the shim, open the store, pick the backend, settle what an earlier run
+// left, listen, start the reactor, serve until ctx ends, shut down
+// gracefully. Each step wraps its own errors; run adds no context.
 func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	host := scope.Detect()
 	checks := map[string]string{}
-
-	// Children inherit no_new_privs from the daemon, so no setuid binary
-	// can raise a child's privileges. Set on every thread (the flag is
-	// per-thread and Go forks from any of them).
-	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); errno != 0 {
-		checks["no_new_privs"] = "not set: " + errno.Error()
-		log.Warn().Err(errno).Msg("cannot set no_new_privs on the daemon; children may gain privileges through setuid binaries")
-	} else {
-		checks["no_new_privs"] = "ok"
-	}
-
+	checks["no_new_privs"] = setNoNewPrivs(log)
 	shimPath, err := pinShim(c.shim, log)
 	if err != nil {
 		return err
 	}
 	checks["shim"] = shimPath
-
-	// 0711: only root reads or lists it (the store's files are 0600), but
-	// a user can traverse it to reach its own workspace by its absolute
-	// path (work/<id> is 0700 and the user's), which tools that resolve
-	// $PWD need.
 	raiseFileLimit(log)
-
-	if err := os.MkdirAll(c.stateDir, 0o711); err != nil {
-		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
-	}
-	if err := os.Chmod(c.stateDir, 0o711); err != nil {
-		return fmt.Errorf("state dir %s: %w", c.stateDir, err)
-	}
 
 	// The store first: opening it takes the state directory's lock, so a
 	// second corrald stops here, before it could touch the first one's
 	// scopes.
-	var st store.Store
-	switch c.storeKind {
-	case "sqlite":
-		var sync string
-		switch c.storeSync {
-		case "normal":
-			sync = store.SyncNormal
-		case "full":
-			sync = store.SyncFull
-		default:
-			return fmt.Errorf("--store-sync %q: want normal or full", c.storeSync)
-		}
-		db, err := store.OpenOptions(c.stateDir, log, store.Options{Synchronous: sync})
-		if err != nil {
-			return fmt.Errorf("open store: %w", err)
-		}
-		st = db
-	case "memory":
-		st = store.NewMemory()
-	default:
-		return fmt.Errorf("--store %q: want sqlite or memory", c.storeKind)
+	st, err := openStore(c, log)
+	if err != nil {
+		return err
 	}
 	defer func() {
 		if err := st.Close(); err != nil {
@@ -116,27 +77,104 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	}
 	defer backend.Close()
 	checks["backend"] = backend.Name()
-	if lc, ok := backend.(scope.LeftoverCleaner); ok {
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		names, err := lc.CleanLeftovers(cctx)
-		cancel()
-		for _, n := range names {
-			log.Warn().Str("scope", n).Str("event", "leftover_removed").Msg("killed and removed a scope left by an earlier run")
-		}
-		if err != nil {
-			log.Warn().Err(err).Msg("clean leftover scopes")
-		}
-	}
 
-	// Records an earlier run left unfinished are settled before anything
-	// new starts: running ones are lost (their scopes were killed above, or
-	// by path below), and their workspaces go.
-	workDir := filepath.Join(c.stateDir, "work")
+	// Scopes first, then records: the records of executions whose scopes
+	// the backend could not see (another cgroup base) are killed by path.
+	cleanLeftoverScopes(ctx, backend, log)
+	recoverExecutions(st, host, c.stateDir, log)
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	defer stopSweep()
+	store.StartSweeper(sweepCtx, st, log, c.retention, 0)
+
+	ln, activated, err := listen(c, log)
+	if err != nil {
+		return err
+	}
+	r, err := newReactor(c, host, backend, st, ln, checks, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	return serve(ctx, c, r, ln, activated, host, backend, log)
+}
+
+// setNoNewPrivs sets no_new_privs on the daemon, so children inherit it and
+// no setuid binary can raise a child's privileges. It is set on every
+// thread: the flag is per-thread and Go forks from any of them. It returns
+// the daemon.info check: "ok" or why not.
+func setNoNewPrivs(log zerolog.Logger) string {
+	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); errno != 0 {
+		log.Warn().Err(errno).Msg("cannot set no_new_privs on the daemon; children may gain privileges through setuid binaries")
+		return "not set: " + errno.Error()
+	}
+	return "ok"
+}
+
+// openStore creates the state directory and opens the store chosen by
+// --store.
+func openStore(c *config, log zerolog.Logger) (store.Store, error) {
+	// 0711: only root reads or lists it (the store's files are 0600), but
+	// a user can traverse it to reach its own workspace by its absolute
+	// path (work/<id> is 0700 and the user's), which tools that resolve
+	// $PWD need.
+	if err := os.MkdirAll(c.stateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("state dir %s: %w", c.stateDir, err)
+	}
+	if err := os.Chmod(c.stateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("state dir %s: %w", c.stateDir, err)
+	}
+	switch c.storeKind {
+	case "sqlite":
+		var sync string
+		switch c.storeSync {
+		case "normal":
+			sync = store.SyncNormal
+		case "full":
+			sync = store.SyncFull
+		default:
+			return nil, fmt.Errorf("--store-sync %q: want normal or full", c.storeSync)
+		}
+		db, err := store.OpenOptions(c.stateDir, log, store.Options{Synchronous: sync})
+		if err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		return db, nil
+	case "memory":
+		return store.NewMemory(), nil
+	}
+	return nil, fmt.Errorf("--store %q: want sqlite or memory", c.storeKind)
+}
+
+// cleanLeftoverScopes kills and removes the scopes an earlier run left, for
+// a backend whose scopes can outlive the daemon. Failures are logged: the
+// daemon starts anyway.
+func cleanLeftoverScopes(ctx context.Context, backend scope.Backend, log zerolog.Logger) {
+	lc, ok := backend.(scope.LeftoverCleaner)
+	if !ok {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	names, err := lc.CleanLeftovers(cctx)
+	for _, n := range names {
+		log.Warn().Str("scope", n).Str("event", "leftover_removed").Msg("killed and removed a scope left by an earlier run")
+	}
+	if err != nil {
+		log.Warn().Err(err).Msg("clean leftover scopes")
+	}
+}
+
+// recoverExecutions settles the records an earlier run left unfinished,
+// before anything new starts: running ones are lost (their scopes were
+// killed by cleanLeftoverScopes, or by path here), and their workspaces go.
+// Then, since nothing runs yet, whatever else is in the workspace root is
+// debris and goes too. Failures are logged.
+func recoverExecutions(st store.Store, host scope.Host, stateDir string, log zerolog.Logger) {
 	n, err := store.Recover(st, log, time.Now(), func(rec api.Record) error {
-		if err := killCgroupPath(host, rec.Scope); err != nil {
+		if err := killLeftoverCgroup(host, rec.Scope); err != nil {
 			return err
 		}
-		if err := os.RemoveAll(filepath.Join(workDir, rec.ID)); err != nil {
+		if err := os.RemoveAll(reactor.WorkspaceDir(stateDir, rec.ID)); err != nil {
 			return fmt.Errorf("remove workspace: %w", err)
 		}
 		ev := log.Warn().Str("exec_id", rec.ID).Str("event", "cleaned").Uint32("owner_uid", rec.Owner.UID).
@@ -153,30 +191,26 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	if n > 0 {
 		log.Warn().Int("count", n).Msg("settled executions left by an earlier run")
 	}
-	// Nothing runs yet, so anything left in the work directory is debris.
-	if ents, err := os.ReadDir(workDir); err == nil {
+	root := reactor.WorkspaceRoot(stateDir)
+	if ents, err := os.ReadDir(root); err == nil {
 		for _, e := range ents {
-			if err := os.RemoveAll(filepath.Join(workDir, e.Name())); err != nil {
+			if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
 				log.Warn().Err(err).Str("workspace", e.Name()).Msg("remove leftover workspace")
 			}
 		}
 	}
-	sweepCtx, stopSweep := context.WithCancel(context.Background())
-	defer stopSweep()
-	store.StartSweeper(sweepCtx, st, log, c.retention, 0)
+}
 
-	ln, activated, err := listen(c, log)
-	if err != nil {
-		return err
-	}
+// newReactor configures the reactor from the flags and what the earlier
+// steps made. reactor.New's errors carry their own context.
+func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Store, ln *net.UnixListener, checks map[string]string, log zerolog.Logger) (*reactor.Reactor, error) {
 	socketGID := int64(-1)
 	if fi, err := os.Stat(ln.Addr().String()); err == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Gid != 0 {
 			socketGID = int64(st.Gid)
 		}
 	}
-
-	r, err := reactor.New(reactor.Config{
+	return reactor.New(reactor.Config{
 		Backend: backend,
 		Log:     log,
 		Defaults: api.Defaults{
@@ -199,11 +233,14 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 			Socket: ln.Addr().String(), StateDir: c.stateDir, Checks: checks,
 		},
 	})
-	if err != nil {
-		ln.Close()
-		return err
-	}
+}
+
+// serve runs the reactor's loop and the socket server, tells systemd it is
+// ready, and waits for ctx to end (SIGTERM), the server to stop or the loop
+// to fail; then it shuts down.
+func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListener, activated bool, host scope.Host, backend scope.Backend, log zerolog.Logger) error {
 	loopCtx, stopLoop := context.WithCancel(context.Background())
+	defer stopLoop()
 	loopDone := make(chan error, 1)
 	go func() { loopDone <- r.Run(loopCtx) }()
 
@@ -235,12 +272,22 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 			log.Error().Err(err).Msg("server stopped")
 		}
 	case err := <-loopDone:
-		stopLoop()
 		return fmt.Errorf("event loop stopped: %w", err)
 	}
+	shutdown(c, r, srv, log)
+	stopLoop()
+	<-loopDone
+	if !activated {
+		os.Remove(c.socket)
+	}
+	log.Info().Str("event", "stopped").Msg("corrald stopped")
+	return nil
+}
 
-	// Graceful shutdown: refuse new work (-32005), let running executions
-	// finish for c.drain, then cancel them; every record ends before exit.
+// shutdown is the graceful part of stopping: refuse new work (-32005), let
+// running executions finish for --drain, then cancel them; every record
+// ends before exit. The loop still runs.
+func shutdown(c *config, r *reactor.Reactor, srv *ipc.Server, log zerolog.Logger) {
 	systemd.Stopping()
 	log.Info().Str("event", "stopping").Int("running", r.Running()).Dur("drain", c.drain).Msg("corrald stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), c.drain+c.defGrace+c.killWait+10*time.Second)
@@ -249,13 +296,6 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		log.Error().Err(err).Msg("shutdown")
 	}
 	_ = srv.Shutdown(sctx)
-	stopLoop()
-	<-loopDone
-	if !activated {
-		os.Remove(c.socket)
-	}
-	log.Info().Str("event", "stopped").Msg("corrald stopped")
-	return nil
 }
 
 // chooseBackend picks the scope backend: under --scope auto, systemd when it
@@ -364,12 +404,12 @@ func removeStaleSocket(path string) error {
 	return os.Remove(path)
 }
 
-// killCgroupPath kills and removes a cgroup v2 scope left by an earlier run
+// killLeftoverCgroup kills and removes a cgroup v2 scope left by an earlier run
 // under a cgroup base other than this run's (the leftover cleaner covers
 // its own base and every corral-*.scope unit). scope is the record's
 // cgroup path relative to the cgroup2 root; other scope kinds are left to
 // the leftover cleaner.
-func killCgroupPath(host scope.Host, name string) error {
+func killLeftoverCgroup(host scope.Host, name string) error {
 	if !strings.HasPrefix(name, "/") || host.Cgroup2Mount == "" || strings.Contains(name, "..") {
 		return nil
 	}
