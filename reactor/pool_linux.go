@@ -155,34 +155,15 @@ func (p *pool) create() (*pooled, error) {
 		return nil, err
 	}
 	e.h = h
-	sc, err := p.r.cfg.Backend.Prepare(ctx, scope.Spec{
-		ID: e.id, Argv: []string{"(corral pool)"}, Cmd: e.cmd, Shim: h,
+	pl, err := p.r.startPlaced(ctx, scope.Spec{
+		ID: e.id, Argv: []string{"(corral pool)"}, Cmd: e.cmd,
 		Limits: scope.Limits{TasksMax: p.r.cfg.Defaults.TasksMax},
-	})
+	}, h)
 	if err != nil {
 		h.Close()
-		return nil, fmt.Errorf("prepare pool scope: %w", err)
+		return nil, fmt.Errorf("pool: %w", err)
 	}
-	e.sc = sc
-	err = p.r.reaper.fork(func() (int, error) {
-		if err := e.cmd.Start(); err != nil {
-			return 0, err
-		}
-		return e.cmd.Process.Pid, nil
-	})
-	h.CloseChildEnds()
-	if err != nil {
-		h.Close()
-		_ = sc.Remove()
-		return nil, fmt.Errorf("start pool shim: %w", err)
-	}
-	if !p.r.cfg.NoPidfd {
-		e.pidfd = dupPidfd(e.cmd.Process)
-	}
-	if err := sc.Started(ctx, e.cmd.Process.Pid); err != nil {
-		p.discard(e)
-		return nil, fmt.Errorf("place pool shim: %w", err)
-	}
+	e.sc, e.pidfd = pl.sc, pl.pidfd
 	return e, nil
 }
 
@@ -190,25 +171,12 @@ func (p *pool) create() (*pooled, error) {
 // its dispatch socket closes; it is reaped here and its scope removed.
 func (p *pool) discard(e *pooled) {
 	e.h.Close()
-	_ = e.cmd.Process.Kill()
-	_, _ = e.cmd.Process.Wait()
-	p.r.reaper.reaped(e.cmd.Process.Pid)
-	if e.pidfd >= 0 {
-		unix.Close(e.pidfd)
-		e.pidfd = -1
-	}
 	if err := e.sc.Kill(); err != nil {
 		p.r.log.Debug().Err(err).Str("scope", e.sc.Name()).Msg("pool: kill discarded scope")
 	}
-	for i := 0; i < 100; i++ {
-		if empty, _ := e.sc.Empty(); empty {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := e.sc.Remove(); err != nil {
-		p.r.log.Warn().Err(err).Str("scope", e.sc.Name()).Msg("pool: remove discarded scope")
-	}
+	pl := placed{proc: e.cmd.Process, pidfd: e.pidfd, sc: e.sc}
+	p.r.unstart(&pl, e.id)
+	e.pidfd = -1
 }
 
 // replaceDead drops idle entries whose shim died (killed by someone, OOM);

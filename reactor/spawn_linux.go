@@ -135,12 +135,13 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	}
 	limits := scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS}
 
-	// Without systemd, a root caller's command on the host network is
-	// exec'd straight from os/exec (vfork + exec) into a cgroup or session
-	// made in place; every other command goes through the shim (package
-	// shim), to be held until its systemd scope holds it, to enter a
-	// new network namespace, or to drop to the caller's user.
-	hold := r.cfg.Backend.Name() == "systemd"
+	// Under a backend that places at clone or by process group, a root
+	// caller's command on the host network is exec'd straight from os/exec
+	// (vfork + exec) into a cgroup or session made in place; every other
+	// command goes through the shim (package shim), to be held until its
+	// scope holds it (scope.PlaceHeld), to enter a new network namespace,
+	// or to drop to the caller's user.
+	hold := r.cfg.Backend.Placement() == scope.PlaceHeld
 	needShim := hold || p.Network == "none" || asUser
 
 	// The warm pool: a shim already in its own scope takes the command.
@@ -177,7 +178,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	// The shim (corral-shim, or corrald re-executed) as the child: to hold
-	// it until the systemd scope holds it, and to do what SysProcAttr
+	// it until a backend that places after start (systemd) holds it, and to do what SysProcAttr
 	// cannot (bring up lo in a new network namespace before dropping to
 	// the user). A
 	// non-root user's workspace sits under the root-only state directory:
@@ -199,57 +200,21 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sc, err := r.cfg.Backend.Prepare(ctx, scope.Spec{
-		ID: e.id, Argv: p.Argv, Cmd: cmd, Shim: sh, Limits: limits,
-	})
-	if err != nil {
-		closeChild()
-		sp.closeFds()
-		return fail(fmt.Errorf("create scope for %s: %w", e.id, err))
-	}
-	if err := r.reaper.fork(func() (int, error) {
-		if err := cmd.Start(); err != nil {
-			return 0, err
-		}
-		return cmd.Process.Pid, nil
-	}); err != nil {
-		closeChild()
-		if sh != nil {
-			sh.CloseChildEnds()
-		}
-		sp.closeFds()
-		if rerr := sc.Remove(); rerr != nil {
-			r.log.Warn().Err(rerr).Str("exec_id", e.id).Msg("remove scope after failed start")
-		}
-		return fail(fmt.Errorf("exec %q: %w", p.Argv[0], err))
-	}
+	pl, err := r.startPlaced(ctx, scope.Spec{ID: e.id, Argv: p.Argv, Cmd: cmd, Limits: limits}, sh)
 	closeChild()
+	if err != nil {
+		sp.closeFds()
+		return fail(err)
+	}
+	sp.proc, sp.sc, sp.pidfd = pl.proc, pl.sc, pl.pidfd
 	if sh != nil {
-		sh.CloseChildEnds()
-	}
-	sp.proc, sp.sc = cmd.Process, sc
-
-	if !r.cfg.NoPidfd {
-		sp.pidfd = dupPidfd(cmd.Process)
-	}
-	if err := sc.Started(ctx, cmd.Process.Pid); err != nil {
-		// The child never left the hold (or never reached its scope).
-		_ = cmd.Process.Kill()
-		return fail(r.undoStart(e, sp, fmt.Errorf("place in scope: %w", err)))
-	}
-	if sh != nil {
-		// Let the shim go on (a no-op if the backend released it), and wait
-		// for its exec so a command that cannot run is a failed start, as
-		// without the shim.
-		if err := sh.Release(); err != nil {
-			r.log.Warn().Err(err).Str("exec_id", e.id).Msg("release shim")
-		}
+		// Wait for the shim's exec, so that a command that cannot run is
+		// a failed start, as without the shim.
 		xerr, werr := sh.WaitExec(30 * time.Second)
-		if xerr != nil || werr != nil {
-			if werr != nil {
-				_ = cmd.Process.Kill()
-				xerr = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("shim did not exec: %v", werr)}
-			}
+		if werr != nil {
+			xerr = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("shim did not exec: %v", werr)}
+		}
+		if xerr != nil {
 			return fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
 		}
 		return sp
@@ -272,23 +237,6 @@ func (sp *spawned) closeFds() {
 			*fd = -1
 		}
 	}
-}
-
-// dupPidfd returns a CLOEXEC duplicate of p's pidfd, or -1 when the process
-// has none (os.ErrNoHandle: old kernel, seccomp): the caller then falls back
-// to a waiter goroutine.
-func dupPidfd(p *os.Process) int {
-	fd := -1
-	err := p.WithHandle(func(h uintptr) {
-		// Dup inside the callback: the handle is only valid here.
-		if d, err := unix.FcntlInt(h, unix.F_DUPFD_CLOEXEC, 0); err == nil {
-			fd = d
-		}
-	})
-	if err != nil {
-		return -1
-	}
-	return fd
 }
 
 // outputPipe returns a pipe whose read end (ours) is non-blocking and large.
@@ -486,21 +434,13 @@ func otherNetns(pid int32) bool {
 }
 
 // undoStart cleans up after a child that started but will not run the
-// command (it failed to exec, or could not be placed and was killed): it
-// reaps the child here, closes its pidfd and pipes, and removes its scope.
-// It returns err, for the failed start.
+// command (it failed to exec): it kills and reaps the child, closes its
+// pidfd and pipes, and removes its scope. It returns err, for the failed
+// start.
 func (r *Reactor) undoStart(e *execution, sp *spawned, err error) error {
-	_, _ = sp.proc.Wait()
-	r.reaper.reaped(sp.proc.Pid)
-	if sp.pidfd >= 0 {
-		unix.Close(sp.pidfd)
-		sp.pidfd = -1
-	}
-	sp.proc = nil
+	pl := placed{proc: sp.proc, pidfd: sp.pidfd, sc: sp.sc}
+	r.unstart(&pl, e.id)
+	sp.proc, sp.pidfd, sp.sc = nil, -1, nil
 	sp.closeFds()
-	if rerr := sp.sc.Remove(); rerr != nil {
-		r.log.Warn().Err(rerr).Str("exec_id", e.id).Str("scope", sp.sc.Name()).Msg("remove scope after a failed start")
-	}
-	sp.sc = nil
 	return err
 }

@@ -122,6 +122,9 @@ var (
 
 func (b *cgroupBackend) Name() string { return "cgroup" }
 
+// Placement is PlaceAtClone: Prepare sets UseCgroupFD.
+func (b *cgroupBackend) Placement() Placement { return PlaceAtClone }
+
 // Close does nothing: the backend holds no resources; scopes and the base
 // directory stay until removed.
 func (b *cgroupBackend) Close() error { return nil }

@@ -37,6 +37,9 @@ var _ Backend = pgroupBackend{}
 
 func (pgroupBackend) Name() string { return "pgroup" }
 
+// Placement is PlaceByGroup: Prepare sets Setsid.
+func (pgroupBackend) Placement() Placement { return PlaceByGroup }
+
 func (pgroupBackend) Close() error { return nil }
 
 // Prepare sets spec.Cmd.SysProcAttr.Setsid. It does not block.

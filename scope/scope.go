@@ -4,7 +4,7 @@
 //
 // Backends, best first:
 //   - systemd: a transient unit corral-<id>.scope per child, created over D-Bus
-//     while the child is held in the shim (scope/systemd.go).
+//     while the caller holds the child in the shim (PlaceHeld; scope/systemd.go).
 //   - cgroup: one cgroup v2 directory per child under the daemon's own
 //     subtree, entered atomically at clone time with CLONE_INTO_CGROUP.
 //   - pgroup: a new session (and so process group) per child; descendants
@@ -18,9 +18,9 @@ package scope
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 
-	"github.com/corral-dev/corral/shim"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,17 +38,43 @@ type Spec struct {
 	Argv   []string // for descriptions and audit
 	Limits Limits
 	// Cmd is the command the reactor will start. Prepare may change its
-	// SysProcAttr (Setsid, UseCgroupFD/CgroupFD) or wrap it in the shim. The
-	// reactor starts it after Prepare returns.
+	// SysProcAttr (Setsid, UseCgroupFD/CgroupFD). The reactor starts it
+	// after Prepare returns, as the backend's Placement asks.
 	Cmd *exec.Cmd
-	// Shim, when not nil, is the shim the reactor already wrapped Cmd with
-	// (shim.Wrap with Hold: true), so that it could pass user, network and
-	// rlimit settings. A backend that must hold the child until it is placed
-	// (systemd) uses it and releases it in Started; when Shim is nil such a
-	// backend wraps Cmd itself. Backends that need no hold ignore it, so the
-	// reactor calls Shim.Release (idempotent) after Started returns nil. The
-	// reactor keeps ownership: it closes the Handle.
-	Shim *shim.Handle
+}
+
+// Placement is how a backend puts a child into its scope, and so how the
+// caller must start the child. The backend only places (Prepare, Started);
+// whatever holds the child before it is placed belongs to the caller.
+type Placement int
+
+const (
+	// PlaceAtClone: Prepare sets Cmd.SysProcAttr so that the kernel clones
+	// the child straight into its scope (CLONE_INTO_CGROUP). Nothing needs
+	// to hold the child.
+	PlaceAtClone Placement = iota + 1
+	// PlaceHeld: the child is placed only by Started, after it exists. It
+	// must run nothing until then: the caller starts it held (shim.Config
+	// Hold), calls Started, and releases it only when Started returned nil;
+	// on an error it aborts the hold. (systemd: the unit is created around
+	// the pid.)
+	PlaceHeld
+	// PlaceByGroup: Prepare makes the child a session leader; its scope is
+	// its process group. Nothing needs to hold it; descendants that call
+	// setsid escape.
+	PlaceByGroup
+)
+
+func (p Placement) String() string {
+	switch p {
+	case PlaceAtClone:
+		return "at clone"
+	case PlaceHeld:
+		return "held until started"
+	case PlaceByGroup:
+		return "by process group"
+	}
+	return fmt.Sprintf("Placement(%d)", int(p))
 }
 
 // Stats is what a backend can observe of a tree. A field a backend cannot
@@ -74,8 +100,12 @@ func unknownStats() Stats {
 
 // Backend creates scopes.
 type Backend interface {
-	// Name is "systemd", "cgroup" or "pgroup".
+	// Name is "systemd", "cgroup" or "pgroup", for records and logs. Code
+	// that must act on what a backend can do asks Placement, never Name.
 	Name() string
+	// Placement says how the backend places a child, and so whether the
+	// caller must hold it until Started.
+	Placement() Placement
 	// Prepare readies a scope for spec.ID before its child starts and
 	// adjusts spec.Cmd so the child lands in it. Blocking: never call it on
 	// the loop goroutine.
@@ -89,8 +119,8 @@ type Scope interface {
 	// Name is the unit name, cgroup path or "pgid:<n>" shown in records.
 	Name() string
 	// Started is called once the child was started with pid; the backend
-	// finishes placing it (the systemd backend creates the unit holding pid,
-	// then releases the shim). Blocking.
+	// finishes placing it (the systemd backend creates the unit holding pid)
+	// and nothing else: releasing a held child is the caller's. Blocking.
 	Started(ctx context.Context, pid int) error
 	// Signal sends sig to every process in the scope. Blocking.
 	Signal(sig unix.Signal) error

@@ -13,8 +13,6 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
 	"golang.org/x/sys/unix"
-
-	"github.com/corral-dev/corral/shim"
 )
 
 // NewSystemd connects to systemd and returns the systemd backend: one
@@ -96,6 +94,10 @@ var (
 var errBackendClosed = errors.New("systemd backend closed")
 
 func (b *systemdBackend) Name() string { return "systemd" }
+
+// Placement is PlaceHeld: the unit is created around the pid in Started,
+// so the caller holds the child until then.
+func (b *systemdBackend) Placement() Placement { return PlaceHeld }
 
 // Close closes the D-Bus connection. Scopes already created keep running
 // (their processes are killed through the cgroup still); later D-Bus calls
@@ -266,41 +268,25 @@ func sdDescription(id string, argv []string) string {
 	return d[:cut] + "..."
 }
 
-// Prepare readies the scope: it wraps spec.Cmd in a held shim, unless the
-// reactor already did (spec.Shim), so that the child runs nothing until
-// Started has put it into its unit.
+// Prepare readies the scope. It starts nothing and talks to no one: the
+// unit is created in Started, around the pid of a child its caller holds
+// (PlaceHeld).
 func (b *systemdBackend) Prepare(_ context.Context, spec Spec) (Scope, error) {
 	unit, err := sdUnitName(spec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("prepare systemd scope: %w", err)
 	}
-	s := &systemdScope{
+	return &systemdScope{
 		b:      b,
 		id:     spec.ID,
 		unit:   unit,
 		desc:   sdDescription(spec.ID, spec.Argv),
 		limits: spec.Limits,
-		h:      spec.Shim,
 		// Until Started learns the unit's ControlGroup, assume systemd's
 		// usual place for it.
 		paths: b.layout.paths("/" + b.opts.Slice + "/" + unit),
 		last:  unknownStats(),
-	}
-	if s.h == nil {
-		if spec.Cmd == nil {
-			return nil, fmt.Errorf("prepare scope %s: no command", unit)
-		}
-		// The daemon's own cmd.Path (looked up with the daemon's PATH) is
-		// not used: the shim looks Args[0] up with the child's PATH.
-		h, err := shim.Wrap(spec.Cmd, shim.Config{Argv: spec.Cmd.Args, Env: spec.Cmd.Env, Dir: spec.Cmd.Dir, Hold: true})
-		if err != nil {
-			return nil, fmt.Errorf("prepare scope %s: %w", unit, err)
-		}
-		s.h, s.ownsShim = h, true
-	} else if !s.h.Held() {
-		return nil, fmt.Errorf("prepare scope %s: the shim must hold the child (Config.Hold)", unit)
-	}
-	return s, nil
+	}, nil
 }
 
 // sdState is where a systemd scope is in its life. Transitions:
@@ -310,10 +296,10 @@ func (b *systemdBackend) Prepare(_ context.Context, spec Spec) (Scope, error) {
 type sdState int
 
 const (
-	sdPrepared sdState = iota // shim wrapped, no unit yet
+	sdPrepared sdState = iota // no unit yet
 	sdStarting                // Started is talking to systemd
-	sdRunning                 // unit created, shim released
-	sdFailed                  // Started failed; the held child was aborted
+	sdRunning                 // unit created around the child
+	sdFailed                  // Started failed; the caller aborts the held child
 	sdRemoved                 // unit gone (Remove succeeded)
 )
 
@@ -324,17 +310,15 @@ func (st sdState) String() string {
 // systemdScope is one execution's transient scope unit. Its methods may be
 // called from different goroutines; mu guards the mutable fields.
 type systemdScope struct {
-	b        *systemdBackend
-	id       string
-	unit     string
-	desc     string
-	limits   Limits
-	h        *shim.Handle
-	ownsShim bool // Prepare wrapped the command: the scope closes h
+	b      *systemdBackend
+	id     string
+	unit   string
+	desc   string
+	limits Limits
 
 	mu     sync.Mutex
 	state  sdState
-	killed bool // Kill was called: Started must not release the child
+	killed bool // Kill was called: Started must fail, so the child is never released
 	paths  sdPaths
 	last   Stats    // the last Stats, merged; kept for when the cgroup is pruned
 	oom    *sdOOM   // v1 OOM eventfd accounting (memory limit on v1 only)
@@ -414,11 +398,11 @@ func (s *systemdScope) properties(pid int) []sddbus.Property {
 	return props
 }
 
-// Started creates the unit around the held child pid, waits for systemd to
-// finish the start job, then releases the shim. On failure the held child
-// is aborted (it exits with shim.ExitParentGone having run nothing). The
-// scope's lock is not held while waiting for systemd, so Kill, Empty and
-// Stats stay responsive.
+// Started creates the unit around the held child pid and waits for systemd
+// to finish the start job. It does not release the child: the caller does,
+// once Started returned nil, and aborts its hold on an error. The scope's
+// lock is not held while waiting for systemd, so Kill, Empty and Stats stay
+// responsive.
 func (s *systemdScope) Started(ctx context.Context, pid int) error {
 	s.mu.Lock()
 	if s.state != sdPrepared {
@@ -434,11 +418,7 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 	s.state = sdStarting
 	s.mu.Unlock()
 
-	// cmd.Start has run: the parent's copies of the shim's ends must go, or
-	// the exec-error pipe never reaches EOF.
-	s.h.CloseChildEnds()
 	fail := func(err error) error {
-		s.h.Abort()
 		s.mu.Lock()
 		s.state = sdFailed
 		w := s.watch
@@ -482,8 +462,8 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 	killed := s.killed
 	paths := s.paths
 	s.mu.Unlock()
-	// Watch before the release: from then on the tree may die at any time,
-	// and systemd removes its cgroup right after.
+	// Watch before the caller releases the child: from then on the tree may
+	// die at any time, and systemd removes its cgroup right after.
 	w := s.startWatch(paths)
 	s.mu.Lock()
 	s.watch = w
@@ -492,17 +472,12 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 		s.stopBestEffort()
 		return fail(errors.New("killed while starting"))
 	}
-	if err := s.h.Release(); err != nil {
-		s.paths.kill()
-		s.stopBestEffort()
-		return fail(err)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.state = sdRunning
 	if s.killed {
-		// Kill ran between the check above and now, and may have found the
-		// child still held: finish its job.
+		// Kill ran between the check above and now and, seeing the scope
+		// starting, left the child alone: finish its job.
 		s.paths.kill()
 	}
 	return nil
@@ -561,9 +536,9 @@ func (s *systemdScope) Kill() error {
 	s.mu.Unlock()
 	switch state {
 	case sdPrepared, sdStarting, sdFailed:
-		// Started sees killed and stops, or already failed: the shim exits
-		// with shim.ExitParentGone, having run nothing.
-		s.h.Abort()
+		// No unit holds the child yet: Started sees killed and fails, or
+		// already failed, and the caller aborts its hold; the child runs
+		// nothing.
 		return nil
 	case sdRemoved:
 		return nil
@@ -636,9 +611,7 @@ func (s *systemdScope) Remove() error {
 		s.mu.Unlock()
 		return nil
 	case sdPrepared:
-		s.h.Abort()
 		s.state = sdRemoved
-		s.closeShimLocked()
 		s.mu.Unlock()
 		return nil
 	case sdStarting:
@@ -656,18 +629,11 @@ func (s *systemdScope) Remove() error {
 	s.mu.Lock()
 	s.statsLocked() // final reading: from the cache, the cgroup is gone now
 	s.state = sdRemoved
-	s.closeShimLocked()
 	w := s.watch
 	s.watch, s.oom = nil, nil // s.oom's fd closes with the watcher
 	s.mu.Unlock()
 	w.stop()
 	return nil
-}
-
-func (s *systemdScope) closeShimLocked() {
-	if s.ownsShim {
-		s.h.Close()
-	}
 }
 
 // stopAndWait stops unit (if loaded) and waits until it is unloaded or

@@ -51,10 +51,11 @@ func TestConfigFileErrors(t *testing.T) {
 	}
 }
 
-// namedBackend is a scope.Backend that only has a name, for poolSize.
-type namedBackend struct{ scope.Backend }
+// heldBackend is a scope.Backend that only declares PlaceHeld, for poolSize.
+type heldBackend struct{ scope.Backend }
 
-func (namedBackend) Name() string { return "systemd" }
+func (heldBackend) Name() string               { return "held" }
+func (heldBackend) Placement() scope.Placement { return scope.PlaceHeld }
 
 func TestPoolSizeDefaults(t *testing.T) {
 	for _, tt := range []struct {
@@ -62,9 +63,9 @@ func TestPoolSizeDefaults(t *testing.T) {
 		b    scope.Backend
 		want int
 	}{
-		{-1, namedBackend{}, 4},    // every command waits in a shim for its scope
+		{-1, heldBackend{}, 4},     // every command waits in a shim for its scope
 		{-1, scope.NewPgroup(), 2}, // only non-root and network none need a shim
-		{0, namedBackend{}, 0},     // an explicit size wins
+		{0, heldBackend{}, 0},      // an explicit size wins
 		{7, scope.NewPgroup(), 7},
 	} {
 		if got := poolSize(tt.flag, tt.b); got != tt.want {

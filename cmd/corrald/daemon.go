@@ -437,8 +437,9 @@ func killLeftoverCgroup(host scope.Host, name string) error {
 	return nil
 }
 
-// poolSize resolves --pool-size -1. Under systemd every command starts in
-// a shim held until its scope exists, a D-Bus round trip and a job: 4
+// poolSize resolves --pool-size -1. Under a backend that places a child
+// only after it started (PlaceHeld: systemd) every command starts in a
+// shim held until its scope exists, a D-Bus round trip and a job: 4
 // shims wait. Under the cgroup and pgroup backends only a non-root
 // caller's command or one with network "none" needs the shim (a root
 // caller's host-network command is exec'd directly, pool or not), and a
@@ -448,7 +449,7 @@ func poolSize(flag int, b scope.Backend) int {
 	if flag >= 0 {
 		return flag
 	}
-	if b.Name() == "systemd" {
+	if b.Placement() == scope.PlaceHeld {
 		return 4
 	}
 	return 2

@@ -79,6 +79,10 @@ func newBackend(t *testing.T) (scope.Backend, *dialer) {
 		t.Fatalf("NewSystemd: %v", err)
 	}
 	t.Cleanup(func() { b.Close() })
+	// The tests hold each child (hold) because the backend says so.
+	if p := b.Placement(); p != scope.PlaceHeld {
+		t.Fatalf("systemd backend Placement() = %v, want %v", p, scope.PlaceHeld)
+	}
 	return b, d
 }
 
@@ -110,20 +114,37 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// startIn prepares a scope for argv, starts the command and calls Started.
-// Cleanup kills the tree, reaps the child and removes the scope.
+// hold wraps cmd in a shim that holds it until Release, as the reactor does
+// for a backend that places after start (scope.PlaceHeld): the backend only
+// places, the caller holds and releases. Cleanup closes the Handle.
+func hold(t *testing.T, cmd *exec.Cmd) *shim.Handle {
+	t.Helper()
+	h, err := shim.Wrap(cmd, shim.Config{Argv: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, Hold: true})
+	if err != nil {
+		t.Fatalf("shim.Wrap: %v", err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// startIn prepares a scope for argv, starts the command held, calls
+// Started, then releases it. Cleanup kills the tree, reaps the child and
+// removes the scope.
 func startIn(t *testing.T, b scope.Backend, id string, limits scope.Limits, argv ...string) *child {
 	t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{childPath}
 	c := &child{cmd: cmd, stdout: new(syncBuffer), stderr: new(syncBuffer), waited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.stdout, c.stderr
+	h := hold(t, cmd)
 	sc, err := b.Prepare(context.Background(), scope.Spec{ID: id, Argv: argv, Limits: limits, Cmd: cmd})
 	if err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}
 	c.sc = sc
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	h.CloseChildEnds()
+	if err != nil {
 		sc.Remove()
 		t.Fatalf("Start: %v", err)
 	}
@@ -139,7 +160,11 @@ func startIn(t *testing.T, b scope.Backend, id string, limits scope.Limits, argv
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if err := sc.Started(ctx, cmd.Process.Pid); err != nil {
+		h.Abort()
 		t.Fatalf("Started: %v", err)
+	}
+	if err := h.Release(); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 	return c
 }
@@ -391,11 +416,14 @@ func TestCleanLeftovers(t *testing.T) {
 	// A scope left behind by a "crashed daemon": created, never removed.
 	cmd := exec.Command("sleep", "1000")
 	cmd.Env = []string{childPath}
+	h := hold(t, cmd)
 	sc, err := old.Prepare(context.Background(), scope.Spec{ID: id, Argv: cmd.Args, Cmd: cmd})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	h.CloseChildEnds()
+	if err != nil {
 		t.Fatal(err)
 	}
 	var waitErr error
@@ -403,6 +431,9 @@ func TestCleanLeftovers(t *testing.T) {
 	go func() { waitErr = cmd.Wait(); close(waited) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-waited })
 	if err := sc.Started(context.Background(), cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Release(); err != nil {
 		t.Fatal(err)
 	}
 	old.Close()
@@ -485,24 +516,26 @@ func TestSignalWithoutDBus(t *testing.T) {
 func TestReactorShimExecError(t *testing.T) {
 	b, _ := newBackend(t)
 	// The reactor wraps the command itself (to pass user, network, rlimit
-	// settings) and hands the backend the Handle.
+	// settings), holds it while the backend places it, and releases it.
 	cmd := exec.Command("corral-no-such-command")
-	h, err := shim.Wrap(cmd, shim.Config{Argv: []string{"corral-no-such-command"}, Env: []string{childPath}, Hold: true})
+	cmd.Env = []string{childPath}
+	h := hold(t, cmd)
+	sc, err := b.Prepare(context.Background(), scope.Spec{ID: uniqueID(t), Argv: cmd.Args, Cmd: cmd})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
-	sc, err := b.Prepare(context.Background(), scope.Spec{ID: uniqueID(t), Argv: cmd.Args, Cmd: cmd, Shim: h})
+	err = cmd.Start()
+	h.CloseChildEnds()
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	if err := sc.Started(context.Background(), cmd.Process.Pid); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		t.Fatalf("Started: %v", err)
+	}
+	if err := h.Release(); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 	report, err := h.WaitExec(10 * time.Second)
 	cmd.Wait()
@@ -544,25 +577,30 @@ func TestKillBeforeStarted(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "ran")
 	cmd := exec.Command("touch", marker)
 	cmd.Env = []string{childPath}
+	h := hold(t, cmd)
 	sc, err := b.Prepare(context.Background(), scope.Spec{ID: uniqueID(t), Argv: cmd.Args, Cmd: cmd})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	h.CloseChildEnds()
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := sc.Kill(); err != nil {
 		t.Errorf("Kill before Started: %v", err)
 	}
+	if err := sc.Started(context.Background(), cmd.Process.Pid); err == nil {
+		t.Error("Started after Kill succeeded, want an error")
+	}
+	// Started failed: the holder aborts, and the child runs nothing.
+	h.Abort()
 	cmd.Wait()
 	if code := cmd.ProcessState.ExitCode(); code != shim.ExitParentGone {
 		t.Errorf("exit = %d, want %d", code, shim.ExitParentGone)
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("the command ran although it was killed while held")
-	}
-	if err := sc.Started(context.Background(), cmd.Process.Pid); err == nil {
-		t.Error("Started after Kill succeeded, want an error")
 	}
 	if err := sc.Remove(); err != nil {
 		t.Errorf("Remove: %v", err)
