@@ -62,9 +62,9 @@ const shimArgv0 = "corral-shim"
 //
 // Ownership: the Handle owns every descriptor it holds and closes them in
 // Close; callers must not close ErrFD themselves (remove it from an epoll
-// set before Close). The methods are safe for concurrent use, so the
-// backend that releases (in Scope.Started) and the reactor that closes may
-// run on different goroutines. Terminal state: closed.
+// set before Close). One owner holds and releases: the code that started
+// the child (the reactor), never the scope backend that places it. The
+// methods are safe for concurrent use. Terminal state: closed.
 type Handle struct {
 	mu sync.Mutex
 	// Child ends, kept open in the parent only until cmd.Start has run.
