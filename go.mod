@@ -6,6 +6,7 @@ require (
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/godbus/dbus/v5 v5.2.4
 	github.com/rs/zerolog v1.35.1
+	github.com/spf13/pflag v1.1.0
 	golang.org/x/sys v0.50.0
 	modernc.org/sqlite v1.62.0
 )

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Install corral: binaries from ./bin (or $BIN_SRC) to /usr/local/bin, the
-# systemd units to /etc/systemd/system, and the "corral" group whose
+# man pages and shell completions `make docs` generates beside them to
+# /usr/local/share, the systemd units to /etc/systemd/system, and the
+# "corral" group whose
 # members may use the API socket. Idempotent: running it again updates the
 # files and leaves an existing group alone.
 #
@@ -15,7 +17,7 @@ enable=no
 for arg in "$@"; do
 	case "$arg" in
 	--enable) enable=yes ;;
-	-h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,14p' "$0"; exit 0 ;;
 	*) echo "install.sh: unknown argument $arg" >&2; exit 2 ;;
 	esac
 done
@@ -38,6 +40,19 @@ for b in corrald corralctl corral-shim; do
 		installed=$((installed + 1))
 	else
 		echo "install.sh: $BIN_SRC/$b not found; skipped (build with: go build -o bin/ ./cmd/...)" >&2
+	fi
+done
+share="$DESTDIR$PREFIX/share"
+for f in man/corrald.8:man/man8/corrald.8 man/corralctl.1:man/man1/corralctl.1 \
+	completions/corralctl.bash:bash-completion/completions/corralctl \
+	completions/_corralctl:zsh/site-functions/_corralctl \
+	completions/corralctl.fish:fish/vendor_completions.d/corralctl.fish; do
+	src=$BIN_SRC/${f%%:*} dst=$share/${f#*:}
+	if [ -f "$src" ]; then
+		install -D -m 0644 "$src" "$dst"
+		echo "installed $dst"
+	else
+		echo "install.sh: $src not found; skipped (generate with: make docs)" >&2
 	fi
 done
 for u in corrald.service corrald.socket corral.slice; do

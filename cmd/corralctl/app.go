@@ -4,14 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"sort"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/cmd/internal/cli"
 	"github.com/corral-dev/corral/ipc"
 )
 
@@ -24,6 +26,9 @@ type env struct {
 	// notifySignals subscribes to SIGINT and SIGTERM for the duration of
 	// `run`; nil means no signal handling.
 	notifySignals func() (<-chan os.Signal, func())
+	// collect, when set, is given each command's flag set as newFlagSet
+	// makes it (see commandFlags).
+	collect func(*pflag.FlagSet)
 }
 
 // command is one subcommand. run returns the exit status.
@@ -37,46 +42,71 @@ var commands map[string]*command
 
 func init() {
 	commands = map[string]*command{
-		"run":    {"run [flags] -- CMD [ARG...]", "run a command under corrald, stream its output live and exit with its status (--json: then print the final record)", cmdRun},
-		"ps":     {"ps [--state S] [--label k=v]... [--limit N]", "list executions", cmdPs},
-		"status": {"status ID", "show one execution", cmdStatus},
-		"logs":   {"logs [-f] [--stderr] ID", "print an execution's output (-f: follow it)", cmdLogs},
-		"wait":   {"wait [--timeout D] ID", "wait until an execution is cleaned up; exit with its status", cmdWait},
-		"cancel": {"cancel [--reason R] ID", "cancel an execution (SIGTERM, then SIGKILL after its grace)", cmdCancel},
-		"signal": {"signal [--main] ID SIG", "send a signal (name or number) to an execution's processes (--main: main process only)", cmdSignal},
-		"info":   {"info", "show daemon information", cmdInfo},
+		"run":        {"run [OPTION]... [--] CMD [ARG]...", "run a command under corrald, stream its output live and exit with its status (--json: then print the final record)", cmdRun},
+		"ps":         {"ps [OPTION]...", "list executions", cmdPs},
+		"status":     {"status [OPTION]... ID", "show one execution", cmdStatus},
+		"logs":       {"logs [OPTION]... ID", "print an execution's output (-f: follow it)", cmdLogs},
+		"wait":       {"wait [OPTION]... ID", "wait until an execution is cleaned up; exit with its status", cmdWait},
+		"cancel":     {"cancel [OPTION]... ID", "cancel an execution (SIGTERM, then SIGKILL after its grace)", cmdCancel},
+		"signal":     {"signal [OPTION]... ID SIG", "send a signal (name or number) to an execution's processes (--main: main process only)", cmdSignal},
+		"info":       {"info [OPTION]...", "show daemon information", cmdInfo},
+		"completion": {"completion bash|zsh|fish", "print a completion script for the shell", cmdCompletion},
 	}
 }
 
-func printUsage(w io.Writer) {
-	fmt.Fprintf(w, "usage: corralctl [--socket PATH] [--json] COMMAND [ARGS]\n\ncommands:\n")
+const exitStatusText = `run and wait exit with the execution's status: its exit code, 124 on timeout,
+128+N when killed by signal N, 126/127 when it could not be executed, and
+125 when corralctl or the daemon failed. Other commands exit 1 on failure
+and 2 on a usage error.`
+
+// commandNames returns the commands' names, sorted.
+func commandNames() []string {
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-44s %s\n", commands[n].usage, commands[n].summary)
+	return names
+}
+
+// globalFlagSet is the flag set of corralctl itself (before COMMAND).
+func globalFlagSet(e *env, g *globalFlags) (*pflag.FlagSet, *bool) {
+	fs := pflag.NewFlagSet("corralctl", pflag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {}
+	// Flags after COMMAND are the command's.
+	fs.SetInterspersed(false)
+	g.register(fs)
+	fs.Bool("version", false, "print the version and exit")
+	return fs, cli.HelpFlag(fs)
+}
+
+func printUsage(w io.Writer) {
+	fs, _ := globalFlagSet(&env{stderr: io.Discard}, &globalFlags{})
+	cli.Usage(w, "corralctl [OPTION]... COMMAND [ARG]...", "\nRun commands under corrald's supervision and inspect, wait for, signal and\ncancel executions.", fs)
+	fmt.Fprintf(w, "\nCommands:\n")
+	for _, n := range commandNames() {
+		fmt.Fprintf(w, "  %s\n      %s\n", commands[n].usage, commands[n].summary)
 	}
-	fmt.Fprintf(w, "\nRun 'corralctl COMMAND --help' for a command's flags.\n"+
-		"run and wait exit with the execution's status: its exit code, 124 on timeout,\n"+
-		"128+N when killed by signal N, 126/127 when it could not be executed, and\n"+
-		"125 when corralctl or the daemon failed. Other commands exit 1 on failure.\n")
+	fmt.Fprintf(w, "\nRun 'corralctl COMMAND --help' for a command's options.\n%s\n", exitStatusText)
 }
 
 // Main runs corralctl with args (without the program name) and returns the
 // exit status.
 func Main(args []string, e *env) int {
 	g := &globalFlags{}
-	fs := flag.NewFlagSet("corralctl", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() { printUsage(e.stderr) }
-	g.register(fs)
+	fs, help := globalFlagSet(e, g)
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
+		fmt.Fprintf(e.stderr, "corralctl: %v\nTry 'corralctl --help' for more information.\n", err)
 		return exitUsage
+	}
+	if *help {
+		printUsage(e.stdout)
+		return 0
+	}
+	if v, _ := fs.GetBool("version"); v {
+		fmt.Fprintln(e.stdout, "corralctl", version)
+		return 0
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
@@ -87,6 +117,9 @@ func Main(args []string, e *env) int {
 		printUsage(e.stdout)
 		return 0
 	}
+	if rest[0] == manCommand {
+		return cmdMan(e, g, rest[1:])
+	}
 	cmd, ok := commands[rest[0]]
 	if !ok {
 		fmt.Fprintf(e.stderr, "corralctl: unknown command %q\n", rest[0])
@@ -96,34 +129,57 @@ func Main(args []string, e *env) int {
 	return cmd.run(e, g, rest[1:])
 }
 
-// newFlagSet returns a FlagSet for a subcommand that also accepts the global
-// flags.
-func newFlagSet(e *env, g *globalFlags, name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("corralctl "+name, flag.ContinueOnError)
+// newFlagSet returns the flag set of command name, which also accepts the
+// global flags and -h/--help. Flags may come anywhere among the command's
+// arguments ("status ID --json"); "--" ends them.
+func newFlagSet(e *env, g *globalFlags, name string) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("corralctl "+name, pflag.ContinueOnError)
 	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: corralctl %s\n\n%s\n\nflags:\n", commands[name].usage, commands[name].summary)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() {}
 	g.register(fs)
+	cli.HelpFlag(fs)
+	if e.collect != nil {
+		e.collect(fs)
+	}
 	return fs
 }
 
-// parseArgs parses a subcommand's flags (anywhere among its arguments) and
-// checks the number of positional arguments. On failure it returns the exit
-// status to use and ok false.
-func parseArgs(e *env, fs *flag.FlagSet, args []string, nargs int, usageCode int) ([]string, int, bool) {
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, 0, false
-		}
-		return nil, usageCode, false
+// commandUsage writes command name's GNU-style help.
+func commandUsage(w io.Writer, fs *pflag.FlagSet) {
+	name := strings.TrimPrefix(fs.Name(), "corralctl ")
+	s := commands[name].summary
+	cli.Usage(w, "corralctl "+commands[name].usage, "\n"+strings.ToUpper(s[:1])+s[1:]+".", fs)
+}
+
+// helpAsked prints the command's help on stdout when --help was given.
+func helpAsked(e *env, fs *pflag.FlagSet) bool {
+	if h, err := fs.GetBool("help"); err == nil && h {
+		commandUsage(e.stdout, fs)
+		return true
 	}
+	return false
+}
+
+// usageError reports a flag error once, with a pointer to --help, and
+// returns code.
+func usageError(e *env, fs *pflag.FlagSet, err error, code int) int {
+	fmt.Fprintf(e.stderr, "%s: %v\nTry '%s --help' for more information.\n", fs.Name(), err, fs.Name())
+	return code
+}
+
+// parseArgs parses a subcommand's flags (anywhere among its arguments) and
+// checks the number of positional arguments. On failure or --help it
+// returns the exit status to use and ok false.
+func parseArgs(e *env, fs *pflag.FlagSet, args []string, nargs int, usageCode int) ([]string, int, bool) {
+	if err := fs.Parse(args); err != nil {
+		return nil, usageError(e, fs, err, usageCode), false
+	}
+	if helpAsked(e, fs) {
+		return nil, 0, false
+	}
+	pos := fs.Args()
 	if len(pos) != nargs {
-		fmt.Fprintf(e.stderr, "corralctl: %s takes %d argument(s), got %d\n", fs.Name(), nargs, len(pos))
-		fs.Usage()
-		return nil, usageCode, false
+		return nil, usageError(e, fs, fmt.Errorf("takes %d argument(s), got %d", nargs, len(pos)), usageCode), false
 	}
 	return pos, 0, true
 }

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/cmd/internal/cli"
 	"github.com/corral-dev/corral/ipc"
 )
 
@@ -33,8 +35,9 @@ func cmdPs(e *env, g *globalFlags, args []string) int {
 	var labels kvFlag
 	labels.what = "--label"
 	state := fs.String("state", "", "only executions in `STATE` (started, running, canceling, exited, cleaned)")
-	fs.Var(&labels, "label", "only executions with label `k=v` (repeatable; all must match)")
+	fs.Var(&labels, "label", "only executions with label `KEY=VALUE` (repeatable; all must match)")
 	limit := fs.Int("limit", 0, "at most `N` executions")
+	cli.CompleteValues(fs, map[string]string{"state": "words:started running canceling exited cleaned"})
 	if _, code, ok := parseArgs(e, fs, args, 0, exitUsage); !ok {
 		return code
 	}
@@ -70,8 +73,7 @@ func cmdStatus(e *env, g *globalFlags, args []string) int {
 
 func cmdLogs(e *env, g *globalFlags, args []string) int {
 	fs := newFlagSet(e, g, "logs")
-	follow := fs.Bool("f", false, "follow the output until the execution is cleaned")
-	fs.BoolVar(follow, "follow", false, "same as -f")
+	follow := fs.BoolP("follow", "f", false, "follow the output until the execution is cleaned")
 	stderr := fs.Bool("stderr", false, "print stderr instead of stdout")
 	pos, code, ok := parseArgs(e, fs, args, 1, exitUsage)
 	if !ok {
@@ -230,11 +232,11 @@ func printRecordOrSummary(e *env, g *globalFlags, rec api.Record) error {
 
 // killStyle rewrites kill(1)-style signal arguments ("-9", "-TERM") to
 // plain ones, so that they are not taken for flags of fs.
-func killStyle(fs *flag.FlagSet, args []string) []string {
+func killStyle(fs *pflag.FlagSet, args []string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
 		out[i] = a
-		if len(a) < 2 || a[0] != '-' || a[1] == '-' || fs.Lookup(a[1:]) != nil {
+		if len(a) < 2 || a[0] != '-' || a[1] == '-' || fs.ShorthandLookup(a[1:2]) != nil && len(a) == 2 {
 			continue
 		}
 		if _, ok := signalName(a[1:]); ok {

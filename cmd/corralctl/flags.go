@@ -1,13 +1,16 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"math"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/corral-dev/corral/cmd/internal/cli"
 )
 
 // parseSize parses a byte count: a non-negative integer with an optional
@@ -73,7 +76,7 @@ func millis(d time.Duration) int64 {
 	return ms
 }
 
-// durationFlag is a flag.Value holding a duration; set records whether the
+// durationFlag is a pflag.Value holding a duration; set records whether the
 // flag was given.
 type durationFlag struct {
 	d   time.Duration
@@ -87,6 +90,8 @@ func (f *durationFlag) String() string {
 	return f.d.String()
 }
 
+func (f *durationFlag) Type() string { return "duration" }
+
 func (f *durationFlag) Set(s string) error {
 	d, err := parseDuration(s)
 	if err != nil {
@@ -96,7 +101,7 @@ func (f *durationFlag) Set(s string) error {
 	return nil
 }
 
-// sizeFlag is a flag.Value holding a byte count.
+// sizeFlag is a pflag.Value holding a byte count.
 type sizeFlag struct {
 	n   int64
 	set bool
@@ -108,6 +113,8 @@ func (f *sizeFlag) String() string {
 	}
 	return strconv.FormatInt(f.n, 10)
 }
+
+func (f *sizeFlag) Type() string { return "size" }
 
 func (f *sizeFlag) Set(s string) error {
 	n, err := parseSize(s)
@@ -138,6 +145,8 @@ func (f *kvFlag) String() string {
 	return strings.Join(parts, ",")
 }
 
+func (f *kvFlag) Type() string { return "KEY=VALUE" }
+
 func (f *kvFlag) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")
 	if k == "" {
@@ -164,31 +173,10 @@ type globalFlags struct {
 	json   bool
 }
 
-func (g *globalFlags) register(fs *flag.FlagSet) {
+func (g *globalFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.socket, "socket", g.socket, "corrald socket `PATH` (default $CORRAL_SOCKET or /run/corral/corrald.sock)")
 	fs.BoolVar(&g.json, "json", g.json, "print raw JSON records/results")
-}
-
-// parseInterspersed parses fs over args allowing flags between positional
-// arguments ("status ID --json"); "--" ends the flags. It returns the
-// positional arguments.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		consumed := len(args) - len(rest)
-		if consumed > 0 && args[consumed-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
+	cli.CompleteValues(fs, map[string]string{"socket": "file"})
 }
 
 // osLookup is os.LookupEnv; a var so that tests need not touch the

@@ -1,12 +1,13 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/corral-dev/corral/api"
 )
@@ -120,7 +121,7 @@ func TestParseRun(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			fs := flag.NewFlagSet("run", flag.ContinueOnError)
+			fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 			fs.SetOutput(io.Discard)
 			o, argv, err := parseRun(fs, tt.args)
 			var p api.StartParams
@@ -143,7 +144,9 @@ func TestParseRun(t *testing.T) {
 	}
 }
 
-func TestParseInterspersed(t *testing.T) {
+// TestParseArgsInterspersed: a command's flags may come before, between and
+// after its arguments, and "--" ends them.
+func TestParseArgsInterspersed(t *testing.T) {
 	tests := []struct {
 		args     []string
 		wantPos  []string
@@ -155,15 +158,17 @@ func TestParseInterspersed(t *testing.T) {
 		{[]string{"-f", "ID", "SIG", "--json"}, []string{"ID", "SIG"}, true, true},
 		{[]string{"--", "-ID"}, []string{"-ID"}, false, false},
 		{[]string{"ID", "--", "--json"}, []string{"ID", "--json"}, false, false},
+		{[]string{"-f", "--json=true", "ID", "SIG"}, []string{"ID", "SIG"}, true, true},
 	}
 	for _, tt := range tests {
-		fs := flag.NewFlagSet("x", flag.ContinueOnError)
-		j := fs.Bool("json", false, "")
-		f := fs.Bool("f", false, "")
-		pos, err := parseInterspersed(fs, tt.args)
-		if err != nil || !reflect.DeepEqual(pos, tt.wantPos) || *j != tt.wantJSON || *f != tt.wantF {
-			t.Errorf("parseInterspersed(%q) = %q, %v (json %t, f %t); want %q (json %t, f %t)",
-				tt.args, pos, err, *j, *f, tt.wantPos, tt.wantJSON, tt.wantF)
+		e := &env{stdout: io.Discard, stderr: io.Discard}
+		g := &globalFlags{}
+		fs := newFlagSet(e, g, "logs")
+		f := fs.BoolP("follow", "f", false, "")
+		pos, code, ok := parseArgs(e, fs, tt.args, len(tt.wantPos), exitUsage)
+		if !ok || !reflect.DeepEqual(pos, tt.wantPos) || g.json != tt.wantJSON || *f != tt.wantF {
+			t.Errorf("parseArgs(%q) = %q, %d, %t (json %t, f %t); want %q (json %t, f %t)",
+				tt.args, pos, code, ok, g.json, *f, tt.wantPos, tt.wantJSON, tt.wantF)
 		}
 	}
 }

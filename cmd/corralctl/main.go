@@ -14,6 +14,9 @@ import (
 	"syscall"
 )
 
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
 func main() {
 	os.Exit(Main(os.Args[1:], &env{
 		stdin:  os.Stdin,

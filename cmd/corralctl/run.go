@@ -3,16 +3,17 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"sync"
 	"syscall"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/cmd/internal/cli"
 	"github.com/corral-dev/corral/ipc"
 )
 
@@ -28,24 +29,24 @@ type runOptions struct {
 	stdin               bool
 }
 
-func (o *runOptions) register(fs *flag.FlagSet) {
+func (o *runOptions) register(fs *pflag.FlagSet) {
 	o.env.what, o.labels.what = "--env", "--label"
-	fs.Var(&o.timeout, "timeout", "wall-clock `limit`, e.g. 30s (daemon default 30s)")
-	fs.Var(&o.grace, "grace", "`time` between SIGTERM and SIGKILL (daemon default 2s)")
-	fs.Var(&o.cpu, "cpu", "CPU time `limit` of the whole process tree, e.g. 15s")
-	fs.Var(&o.memory, "memory", "memory `limit`, e.g. 512M (K, M, G: powers of 1024)")
+	fs.Var(&o.timeout, "timeout", "wall-clock `LIMIT`, e.g. 30s (daemon default 30s)")
+	fs.Var(&o.grace, "grace", "`DURATION` between SIGTERM and SIGKILL (daemon default 2s)")
+	fs.Var(&o.cpu, "cpu", "CPU time `LIMIT` of the whole process tree, e.g. 15s")
+	fs.Var(&o.memory, "memory", "memory `LIMIT`, e.g. 512M (K, M, G: powers of 1024)")
 	fs.Int64Var(&o.tasks, "tasks", 0, "maximum processes+threads (daemon default 256)")
-	fs.Var(&o.env, "env", "`K=V` environment variable for the command (repeatable; bare K passes this shell's $K)")
+	fs.Var(&o.env, "env", "`KEY=VALUE` environment variable for the command (repeatable; a bare KEY passes this shell's $KEY)")
 	fs.StringVar(&o.cwd, "cwd", "", "working `DIR` of the command")
-	fs.Var(&o.labels, "label", "`k=v` label (repeatable)")
-	fs.StringVar(&o.network, "network", "", "`host` (default) or none")
+	fs.Var(&o.labels, "label", "`KEY=VALUE` label (repeatable)")
+	fs.StringVar(&o.network, "network", "", "network: host (default) or none")
 	fs.StringVar(&o.id, "id", "", "idempotency `KEY`: the execution's id")
-	fs.Var(&o.outputLimit, "output-limit", "output `size` kept per stream (daemon default 256K)")
+	fs.Var(&o.outputLimit, "output-limit", "output `SIZE` kept per stream (daemon default 256K)")
 	fs.StringVar(&o.user, "user", "", "run as `NAME` (root callers only)")
 	fs.BoolVar(&o.redact, "redact", false, "ask the daemon to redact secrets from kept output")
 	fs.BoolVar(&o.detach, "detach", false, "start the command, print its id and exit")
-	fs.BoolVar(&o.stdin, "stdin", false, "forward this process's stdin to the command")
-	fs.BoolVar(&o.stdin, "i", false, "shorthand for --stdin")
+	fs.BoolVarP(&o.stdin, "stdin", "i", false, "forward this process's stdin to the command")
+	cli.CompleteValues(fs, map[string]string{"cwd": "dir", "network": "words:host none", "user": "user"})
 }
 
 // startParams turns the flags and the command into exec.start params.
@@ -81,11 +82,12 @@ func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
 }
 
 // parseRun parses run's arguments: flags up to the first non-flag argument
-// or "--", then the command. A flag error has been reported on fs's output.
-func parseRun(fs *flag.FlagSet, args []string) (*runOptions, []string, error) {
+// or "--", then the command (whose own flags are its own).
+func parseRun(fs *pflag.FlagSet, args []string) (*runOptions, []string, error) {
 	o := &runOptions{}
 	o.register(fs)
 	o.env.lookup = osLookup
+	fs.SetInterspersed(false)
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err
 	}
@@ -96,10 +98,10 @@ func cmdRun(e *env, g *globalFlags, args []string) int {
 	fs := newFlagSet(e, g, "run")
 	o, argv, err := parseRun(fs, args)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitFailure
+		return usageError(e, fs, err, exitFailure)
+	}
+	if helpAsked(e, fs) {
+		return 0
 	}
 	p, err := o.startParams(argv)
 	if err != nil {

@@ -3,12 +3,16 @@ package main
 import (
 	"bufio"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/corral-dev/corral/cmd/internal/cli"
 )
 
 // config is corrald's configuration: flags, each of which may also come from
@@ -16,7 +20,7 @@ import (
 type config struct {
 	socket       string
 	socketGroup  string
-	socketMode   uint
+	socketMode   octalMode
 	scope        string
 	stateDir     string
 	retention    time.Duration
@@ -31,6 +35,8 @@ type config struct {
 	slice        string
 	cgroupBase   string
 	showVersion  bool
+	showHelp     *bool
+	showMan      bool
 	defTimeout   time.Duration
 	defGrace     time.Duration
 	defTasks     int64
@@ -47,36 +53,43 @@ var errHelpShown = errors.New("help shown")
 
 const defaultConfigFile = "/etc/corral/corrald.conf"
 
-func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("corrald", flag.ContinueOnError)
+// newFlagSet defines corrald's flags: the one source of its --help, its
+// man page and the names its config file accepts.
+func newFlagSet(c *config, out io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("corrald", pflag.ContinueOnError)
 	fs.SetOutput(out)
-	fs.StringVar(&c.socket, "socket", "/run/corral/corrald.sock", "Unix socket path to listen on (ignored under socket activation)")
-	fs.StringVar(&c.socketGroup, "socket-group", "corral", "group owning the socket; members may use corral (\"\" keeps root's)")
-	fs.UintVar(&c.socketMode, "socket-mode", 0o660, "permission bits of the socket")
-	fs.StringVar(&c.scope, "scope", "auto", "scope backend: auto|systemd|cgroup|pgroup")
-	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/corral", "state directory: workspaces and the execution store")
+	c.socketMode = 0o660
+	fs.StringVar(&c.socket, "socket", "/run/corral/corrald.sock", "Unix socket `PATH` to listen on (ignored under socket activation)")
+	fs.StringVar(&c.socketGroup, "socket-group", "corral", "`GROUP` owning the socket; members may use corral (\"\" keeps root's)")
+	fs.Var(&c.socketMode, "socket-mode", "permission `BITS` of the socket, in octal")
+	fs.StringVar(&c.scope, "scope", "auto", "scope `BACKEND`: auto, systemd, cgroup or pgroup")
+	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/corral", "state directory `DIR`: workspaces and the execution store")
 	fs.DurationVar(&c.retention, "retention", time.Hour, "how long cleaned records stay queryable")
-	fs.StringVar(&c.configFile, "config", "", "config file of \"name = value\" lines, one per flag (default "+defaultConfigFile+" if it exists)")
+	fs.StringVar(&c.configFile, "config", "", "config `FILE` of \"name = value\" lines, one per flag (default "+defaultConfigFile+" if it exists)")
 	fs.BoolVar(&c.noPidfd, "no-pidfd", false, "do not use pidfds: wait for children with a goroutine each (the fallback path)")
 	fs.IntVar(&c.maxRunning, "max-running", 1024, "cap on executions not yet cleaned, overall (0: none)")
 	fs.IntVar(&c.maxPerUID, "max-per-uid", 256, "cap on executions not yet cleaned, per caller uid (0: none)")
 	fs.DurationVar(&c.killWait, "kill-wait", 5*time.Second, "how long a tree may take to vanish after SIGKILL before it is reported as stuck")
 	fs.DurationVar(&c.drain, "drain", 10*time.Second, "on SIGTERM, how long running executions may finish before they are cancelled")
-	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug|info|warn|error")
-	fs.StringVar(&c.logFormat, "log-format", "auto", "log output: auto (journald under systemd, else JSON on stderr)|journald|json|console")
-	fs.StringVar(&c.slice, "slice", "corral.slice", "systemd slice for execution scopes")
-	fs.StringVar(&c.cgroupBase, "cgroup-base", "", "cgroup v2 directory for execution cgroups (default: <own cgroup>/corral)")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "auto", "log `FORMAT`: auto (journald under systemd, else JSON on stderr), journald, json or console")
+	fs.StringVar(&c.slice, "slice", "corral.slice", "systemd `SLICE` for execution scopes")
+	fs.StringVar(&c.cgroupBase, "cgroup-base", "", "cgroup v2 `DIR` for execution cgroups (default: <own cgroup>/corral)")
 	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
 	fs.DurationVar(&c.defTimeout, "default-timeout", 30*time.Second, "exec.start timeout_ms default")
 	fs.DurationVar(&c.defGrace, "default-grace", 2*time.Second, "exec.start grace_ms default")
 	fs.Int64Var(&c.defTasks, "default-tasks-max", 256, "exec.start tasks_max default")
-	fs.Int64Var(&c.defOutput, "default-output-limit", 262144, "exec.start output_limit_bytes default")
+	fs.Int64Var(&c.defOutput, "default-output-limit", 262144, "exec.start output_limit_bytes default, in `BYTES`")
 	fs.DurationVar(&c.sampleEvery, "sample-interval", 100*time.Millisecond, "how often cgroup counters are sampled for cpu_ms and OOM")
-	fs.IntVar(&c.poolSize, "pool-size", -1, "shims kept waiting in scopes of their own for the next commands that need one (0: start each inline; -1: 4 under the systemd backend, 2 under cgroup and pgroup)")
+	fs.IntVar(&c.poolSize, "pool-size", -1, "`N` shims kept waiting in scopes of their own for the next commands that need one (0: start each inline; -1: 4 under the systemd backend, 2 under cgroup and pgroup)")
 	fs.StringVar(&c.storeKind, "store", "sqlite", "execution store: sqlite (durable, in the state dir) or memory (nothing survives a restart; for benchmarks and throw-away hosts)")
 	fs.StringVar(&c.storeSync, "store-sync", "normal", "store durability: normal (survives a crash of corrald, not of the machine; no fsync per transition) or full (fsync per group commit)")
-	fs.StringVar(&c.shim, "shim", "", "what children start through: a corral-shim path, \"self\" (re-execute corrald), or empty for corral-shim next to corrald if it is there, else self")
+	fs.StringVar(&c.shim, "shim", "", "what children start through: a corral-shim `PATH`, \"self\" (re-execute corrald), or empty for corral-shim next to corrald if it is there, else self")
 	fs.DurationVar(&c.watchdogTick, "watchdog-interval", 0, "override the watchdog ping interval (default: half of WatchdogSec)")
+	cli.VarNames(fs, map[string]string{"store": "KIND", "store-sync": "MODE"})
+	c.showHelp = cli.HelpFlag(fs)
+	fs.BoolVar(&c.showMan, "man-page", false, "print the corrald(8) man page in roff and exit")
+	_ = fs.MarkHidden("man-page")
 	return fs
 }
 
@@ -85,11 +98,19 @@ func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
 func parseConfig(args []string) (*config, error) {
 	c := &config{}
 	fs := newFlagSet(c, os.Stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, errHelpShown
-		}
+	// pflag prints nothing on a parse error with ContinueOnError; main
+	// prints the error once, with a pointer to --help.
+	fs.Usage = func() {}
+	if err := fs.Parse(singleDashLong(fs, args)); err != nil {
 		return nil, err
+	}
+	if *c.showHelp {
+		printHelp(os.Stdout, fs)
+		return nil, errHelpShown
+	}
+	if c.showMan {
+		writeManPage(os.Stdout, fs)
+		return nil, errHelpShown
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -107,16 +128,34 @@ func parseConfig(args []string) (*config, error) {
 	}
 	defer f.Close()
 	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	if err := applyConfigFile(fs, f, set); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	return c, nil
 }
 
+// singleDashLong rewrites "-name" and "-name=value" to "--name..." when name
+// is a long flag of fs, so that command lines written for Go's flag package
+// (which took one dash) keep working.
+func singleDashLong(fs *pflag.FlagSet, args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if len(a) < 3 || a[0] != '-' || a[1] == '-' {
+			continue
+		}
+		name, _, _ := strings.Cut(a[1:], "=")
+		if len(name) > 1 && fs.Lookup(name) != nil {
+			out[i] = "-" + a
+		}
+	}
+	return out
+}
+
 // applyConfigFile reads "name = value" lines ('#' starts a comment) and sets
 // each flag not in skip.
-func applyConfigFile(fs *flag.FlagSet, r io.Reader, skip map[string]bool) error {
+func applyConfigFile(fs *pflag.FlagSet, r io.Reader, skip map[string]bool) error {
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -128,7 +167,7 @@ func applyConfigFile(fs *flag.FlagSet, r io.Reader, skip map[string]bool) error 
 			return fmt.Errorf("line %d: want name = value", n)
 		}
 		name, value = strings.TrimSpace(name), strings.Trim(strings.TrimSpace(value), `"`)
-		if fs.Lookup(name) == nil || name == "config" {
+		if f := fs.Lookup(name); f == nil || f.Hidden || name == "config" || name == "help" {
 			return fmt.Errorf("line %d: unknown setting %q", n, name)
 		}
 		if skip[name] {
@@ -139,4 +178,19 @@ func applyConfigFile(fs *flag.FlagSet, r io.Reader, skip map[string]bool) error 
 		}
 	}
 	return sc.Err()
+}
+
+// octalMode is a flag holding permission bits, shown and parsed in octal
+// ("0660"; a leading 0 is optional).
+type octalMode uint32
+
+func (m *octalMode) String() string { return fmt.Sprintf("%#o", uint32(*m)) }
+func (m *octalMode) Type() string   { return "mode" }
+func (m *octalMode) Set(s string) error {
+	n, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || n > 0o7777 {
+		return fmt.Errorf("invalid mode %q: want octal permission bits such as 0660", s)
+	}
+	*m = octalMode(n)
+	return nil
 }

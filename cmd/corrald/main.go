@@ -36,7 +36,7 @@ func main() {
 		os.Exit(0)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "corrald:", err)
+		fmt.Fprintf(os.Stderr, "corrald: %v\nTry 'corrald --help' for more information.\n", err)
 		os.Exit(2)
 	}
 	if cfg.showVersion {
