@@ -117,11 +117,12 @@ func openStore(c *config, log zerolog.Logger) (store.Store, error) {
 	// a user can traverse it to reach its own workspace by its absolute
 	// path (work/<id> is 0700 and the user's), which tools that resolve
 	// $PWD need.
+	// os's errors name the path already ("mkdir /x: not a directory").
 	if err := os.MkdirAll(c.stateDir, 0o711); err != nil {
-		return nil, fmt.Errorf("state dir %s: %w", c.stateDir, err)
+		return nil, fmt.Errorf("state directory: %w", err)
 	}
 	if err := os.Chmod(c.stateDir, 0o711); err != nil {
-		return nil, fmt.Errorf("state dir %s: %w", c.stateDir, err)
+		return nil, fmt.Errorf("state directory: %w", err)
 	}
 	switch c.storeKind {
 	case "sqlite":
@@ -136,7 +137,7 @@ func openStore(c *config, log zerolog.Logger) (store.Store, error) {
 		}
 		db, err := store.OpenOptions(c.stateDir, log, store.Options{Synchronous: sync})
 		if err != nil {
-			return nil, fmt.Errorf("open store: %w", err)
+			return nil, err // "open store: ...", from the store
 		}
 		return db, nil
 	case "memory":
@@ -351,7 +352,7 @@ func listen(c *config, log zerolog.Logger) (*net.UnixListener, bool, error) {
 		return lns[0], true, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(c.socket), 0o755); err != nil {
-		return nil, false, fmt.Errorf("socket dir: %w", err)
+		return nil, false, fmt.Errorf("socket directory: %w", err)
 	}
 	if err := removeStaleSocket(c.socket); err != nil {
 		return nil, false, err
@@ -362,7 +363,7 @@ func listen(c *config, log zerolog.Logger) (*net.UnixListener, bool, error) {
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: c.socket, Net: "unix"})
 	unix.Umask(old)
 	if err != nil {
-		return nil, false, fmt.Errorf("listen %s: %w", c.socket, err)
+		return nil, false, err // "listen unix PATH: bind: ...", from net
 	}
 	ln.SetUnlinkOnClose(false)
 	gid := -1
@@ -375,11 +376,11 @@ func listen(c *config, log zerolog.Logger) (*net.UnixListener, bool, error) {
 	}
 	if err := os.Chown(c.socket, -1, gid); err != nil {
 		ln.Close()
-		return nil, false, fmt.Errorf("chown %s: %w", c.socket, err)
+		return nil, false, fmt.Errorf("socket: %w", err)
 	}
 	if err := os.Chmod(c.socket, os.FileMode(c.socketMode)); err != nil {
 		ln.Close()
-		return nil, false, fmt.Errorf("chmod %s: %w", c.socket, err)
+		return nil, false, fmt.Errorf("socket: %w", err)
 	}
 	return ln, false, nil
 }
@@ -392,7 +393,7 @@ func removeStaleSocket(path string) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("socket %s: %w", path, err)
+		return fmt.Errorf("socket: %w", err)
 	}
 	if fi.Mode()&os.ModeSocket == 0 {
 		return fmt.Errorf("socket %s: exists and is not a socket", path)

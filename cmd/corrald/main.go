@@ -47,7 +47,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, cfg, log); err != nil {
-		log.Error().Err(err).Msg("corrald failed")
+		// The reason goes in the message itself: it is the journal's
+		// MESSAGE, the one line `systemctl status` shows.
+		log.Error().Err(err).Msg("corrald failed: " + err.Error())
 		os.Exit(1)
 	}
 }

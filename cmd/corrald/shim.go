@@ -60,10 +60,16 @@ func pinShim(flag string, log zerolog.Logger) (string, error) {
 // through it with root's rights before dropping to its user.
 func openShim(path string) (*os.File, error) {
 	if !filepath.IsAbs(path) {
-		return nil, fmt.Errorf("not an absolute path")
+		return nil, errors.New("not an absolute path")
 	}
 	f, err := os.Open(path) // close-on-exec, as every fd os opens
 	if err != nil {
+		// The caller names the path: keep only the reason (which
+		// errors.Is still matches against os.ErrNotExist).
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return nil, pe.Err
+		}
 		return nil, err
 	}
 	var st unix.Stat_t
