@@ -86,6 +86,7 @@ const (
 	OutcomeCPULimit    Outcome = "cpu_limit"    // cpu_ms of the whole tree used up
 	OutcomeStartFailed Outcome = "start_failed" // the command could not be executed
 	OutcomeLost        Outcome = "lost"         // the daemon restarted while it ran
+	OutcomeIdleTimeout Outcome = "idle_timeout" // no output on either stream for idle_timeout_ms
 )
 
 // Owner is the peer that started an execution, from SO_PEERCRED.
@@ -150,7 +151,29 @@ type Record struct {
 	// cannot apply ("memory_bytes", "tasks_max", "cpu_ms"), so a client is
 	// never misled into thinking they hold.
 	Unenforced []string `json:"unenforced,omitempty"`
+
+	// Protocol v1.1: terminals, idle timeouts, movable deadlines.
+	TTY           bool     `json:"tty,omitempty"`             // the command runs on a pseudo-terminal
+	TTYSize       *TTYSize `json:"tty_size,omitempty"`        // its current window size
+	IdleTimeoutMS int64    `json:"idle_timeout_ms,omitempty"` // idle limit (no output on either stream)
+	// Deadline is when the wall-clock limit ends the execution, while one
+	// applies (from running until exited). exec.update moves it.
+	Deadline *time.Time `json:"deadline,omitempty"`
 }
+
+// TTYSize is a terminal's window size in character cells.
+type TTYSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// Terminal sizes: the default of exec.start's tty_size, and the largest
+// accepted (the kernel keeps both in 16 bits).
+const (
+	DefaultTTYRows = 24
+	DefaultTTYCols = 80
+	MaxTTYDim      = 10000
+)
 
 // StartParams are the params of exec.start. Zero values mean the default.
 type StartParams struct {
@@ -170,6 +193,10 @@ type StartParams struct {
 	User             string            `json:"user,omitempty"`
 	Network          string            `json:"network,omitempty"`
 	Redact           bool              `json:"redact,omitempty"`
+	// Protocol v1.1.
+	TTY           bool     `json:"tty,omitempty"`             // run on a new pseudo-terminal
+	TTYSize       *TTYSize `json:"tty_size,omitempty"`        // its initial size (default 24x80)
+	IdleTimeoutMS int64    `json:"idle_timeout_ms,omitempty"` // end it after this long without output (0: none)
 }
 
 // Defaults of exec.start, as in the protocol.
@@ -243,6 +270,28 @@ type OutputParams struct {
 	Stream string `json:"stream,omitempty"` // "stdout" (default) or "stderr"
 	Offset int64  `json:"offset,omitempty"`
 	Limit  int64  `json:"limit,omitempty"`
+	// WaitMS parks the call (at most MaxWaitMS) while nothing past Offset
+	// is kept and the stream is open: it answers when data arrives, the
+	// stream ends, or WaitMS passes (then Data is empty).
+	WaitMS int64 `json:"wait_ms,omitempty"`
+}
+
+// MaxWaitMS is the longest exec.output wait_ms.
+const MaxWaitMS = 60000
+
+// UpdateParams are the params of exec.update.
+type UpdateParams struct {
+	ID string `json:"id"`
+	// TimeoutMS is the new wall-clock limit, counted from now (longer or
+	// shorter than the old one). Required.
+	TimeoutMS *int64 `json:"timeout_ms"`
+}
+
+// ResizeParams are the params of exec.resize.
+type ResizeParams struct {
+	ID   string `json:"id"`
+	Rows int    `json:"rows"`
+	Cols int    `json:"cols"`
 }
 
 // OutputResult is the result of exec.output. Offsets count bytes of the whole

@@ -426,3 +426,13 @@ func callAs[T any](ctx context.Context, c *Client, method string, params any) (T
 	var r T
 	return r, c.Call(ctx, method, params, &r)
 }
+
+// Update calls exec.update.
+func (c *Client) Update(ctx context.Context, p api.UpdateParams) (api.Record, error) {
+	return callAs[api.Record](ctx, c, "exec.update", p)
+}
+
+// Resize calls exec.resize.
+func (c *Client) Resize(ctx context.Context, p api.ResizeParams) (api.Record, error) {
+	return callAs[api.Record](ctx, c, "exec.resize", p)
+}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -49,6 +50,7 @@ type conn struct {
 	cancel context.CancelFunc
 
 	sem        chan struct{} // one token per request in flight
+	parked     atomic.Int64  // calls parked in the service (see park)
 	handlers   sync.WaitGroup
 	out        *outQueue
 	writerDone chan struct{}
@@ -291,14 +293,18 @@ func (c *conn) dispatchOne(raw json.RawMessage, done func([]byte)) bool {
 	go func() {
 		defer c.handlers.Done()
 		defer func() { <-c.sem }()
-		done(c.handle(call))
+		if resp, parked := c.handle(call, done); !parked {
+			done(resp)
+		}
 	}()
 	return true
 }
 
 // handle runs one validated call and returns its encoded response (nil for a
-// notification).
-func (c *conn) handle(call *call) []byte {
+// notification). When the handler parked the call (errParked), handle
+// returns parked true and the response goes to done later, from the
+// goroutine that answers it.
+func (c *conn) handle(call *call, done func([]byte)) (resp []byte, parked bool) {
 	start := time.Now()
 	var (
 		result any
@@ -323,12 +329,20 @@ func (c *conn) handle(call *call) []byte {
 			}
 			return c.pushNote(method, params)
 		}
+		rc.park = func() func(any, error) { return c.park(call, start, done) }
 		result, err = c.invoke(h, rc, call)
 		nmu.Lock()
 		finished = true
 		nmu.Unlock()
+		if err == errParked {
+			return nil, true
+		}
 	}
+	return c.respond(call, start, result, err), false
+}
 
+// respond encodes call's answer (nil for a notification) and logs it.
+func (c *conn) respond(call *call, start time.Time, result any, err error) []byte {
 	var resp []byte
 	if err == nil && !call.notification() {
 		resp, err = encodeResult(call.id, result)
@@ -349,6 +363,31 @@ func (c *conn) handle(call *call) []byte {
 		return nil
 	}
 	return resp
+}
+
+// park reserves a parked slot for call and returns the function that
+// answers it, or nil when the connection already has MaxParked parked
+// calls. A parked call counts as a handler until it is answered (so a
+// half-closed connection still delivers it) but holds no in-flight slot
+// and no goroutine.
+func (c *conn) park(call *call, start time.Time, done func([]byte)) func(any, error) {
+	max := c.srv.MaxParked
+	if max <= 0 {
+		max = DefaultMaxParked
+	}
+	if c.parked.Add(1) > int64(max) {
+		c.parked.Add(-1)
+		return nil
+	}
+	c.handlers.Add(1)
+	var once sync.Once
+	return func(result any, err error) {
+		once.Do(func() {
+			done(c.respond(call, start, result, err))
+			c.parked.Add(-1)
+			c.handlers.Done()
+		})
+	}
 }
 
 // invoke calls h, turning a panic into an internal error so that nothing a

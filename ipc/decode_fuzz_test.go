@@ -77,6 +77,12 @@ func (s echoService) Follow(_ context.Context, c api.Owner, p api.FollowParams, 
 	return s.rec(c, p.ID)
 }
 func (echoService) Info(context.Context) (api.Info, error) { return api.Info{Version: "fuzz"}, nil }
+func (s echoService) Update(_ context.Context, c api.Owner, p api.UpdateParams) (api.Record, error) {
+	return s.rec(c, p.ID)
+}
+func (s echoService) Resize(_ context.Context, c api.Owner, p api.ResizeParams) (api.Record, error) {
+	return s.rec(c, p.ID)
+}
 
 // serveSocketpair runs srv on one end of a socketpair (the real connection
 // path: SO_PEERCRED, reader, writer) and returns the other end.

@@ -57,6 +57,18 @@ type fakeService struct {
 	cancelled   chan string   // receives exec.cancel ids
 
 	follow func(ctx context.Context, p api.FollowParams, notify func(string, any) bool) (api.Record, error)
+
+	// Parked exec.output calls (OutputWait), in arrival order; parkedCtx
+	// ends are counted in parkDropped.
+	parkMu      sync.Mutex
+	parkedCalls []parkedCall
+	parkDropped int
+}
+
+type parkedCall struct {
+	p     api.OutputParams
+	reply func(api.OutputResult, error)
+	done  bool
 }
 
 var _ Service = (*fakeService)(nil)
@@ -161,6 +173,61 @@ func (f *fakeService) Follow(ctx context.Context, caller api.Owner, p api.Follow
 		return api.Record{ID: p.ID, State: api.StateCleaned}, nil
 	}
 	return f.follow(ctx, p, notify)
+}
+
+func (f *fakeService) Update(_ context.Context, caller api.Owner, p api.UpdateParams) (api.Record, error) {
+	return f.byID(caller, p.ID)
+}
+
+func (f *fakeService) Resize(_ context.Context, caller api.Owner, p api.ResizeParams) (api.Record, error) {
+	return f.byID(caller, p.ID)
+}
+
+var _ OutputWaiter = (*fakeService)(nil)
+
+// OutputWait parks every call until releaseParked, or drops it (with
+// ctx's error) when ctx ends, as the reactor does.
+func (f *fakeService) OutputWait(ctx context.Context, caller api.Owner, p api.OutputParams, reply func(api.OutputResult, error)) {
+	f.record(caller)
+	f.parkMu.Lock()
+	i := len(f.parkedCalls)
+	f.parkedCalls = append(f.parkedCalls, parkedCall{p: p, reply: reply})
+	f.parkMu.Unlock()
+	context.AfterFunc(ctx, func() {
+		f.parkMu.Lock()
+		pc := &f.parkedCalls[i]
+		if pc.done {
+			f.parkMu.Unlock()
+			return
+		}
+		pc.done = true
+		f.parkDropped++
+		f.parkMu.Unlock()
+		pc.reply(api.OutputResult{}, ctx.Err())
+	})
+}
+
+func (f *fakeService) parkedCount() int {
+	f.parkMu.Lock()
+	defer f.parkMu.Unlock()
+	return len(f.parkedCalls)
+}
+
+// releaseParked answers every parked call, in the order they arrived,
+// with its offset, and returns those offsets in that order.
+func (f *fakeService) releaseParked() []int64 {
+	f.parkMu.Lock()
+	defer f.parkMu.Unlock()
+	var order []int64
+	for i := range f.parkedCalls {
+		pc := &f.parkedCalls[i]
+		if !pc.done {
+			pc.done = true
+			order = append(order, pc.p.Offset)
+			pc.reply(api.OutputResult{Data: []byte("x"), Offset: pc.p.Offset, NextOffset: pc.p.Offset + 1, TotalBytes: pc.p.Offset + 1}, nil)
+		}
+	}
+	return order
 }
 
 func (f *fakeService) Info(context.Context) (api.Info, error) {

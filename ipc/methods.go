@@ -3,6 +3,7 @@ package ipc
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
 	"github.com/corral-dev/corral/api"
 )
@@ -18,7 +19,17 @@ type reqContext struct {
 	// notify queues a daemon notification on the caller's connection without
 	// blocking; false means it was dropped. Only exec.follow uses it.
 	notify func(method string, params any) bool
+	// park lets a handler answer later without holding its goroutine: it
+	// returns the function to answer with (call it exactly once, from any
+	// goroutine, without blocking), or nil when the connection has as many
+	// parked calls as it may (the handler then answers itself). A handler
+	// that parked returns errParked.
+	park func() (reply func(result any, err error))
 }
+
+// errParked is what a handler returns when it parked the call (see
+// reqContext.park): its answer comes through the reply function.
+var errParked = errors.New("ipc: call parked")
 
 // methods is the method table. Every method answers an *api.Error's Code and
 // Message when the Service returns one, and -32603 otherwise; params that do
@@ -95,7 +106,39 @@ var methods = map[string]handler{
 		if err := decodeParams(raw, &p, ""); err != nil {
 			return nil, err
 		}
+		// wait_ms: parked in the service (no goroutine of ours waits)
+		// while the connection has room for parked calls.
+		if w, ok := rc.svc.(OutputWaiter); ok && p.WaitMS > 0 && p.WaitMS <= api.MaxWaitMS {
+			if reply := rc.park(); reply != nil {
+				w.OutputWait(ctx, rc.caller, p, func(res api.OutputResult, err error) {
+					if err != nil {
+						reply(nil, err)
+						return
+					}
+					reply(res, nil)
+				})
+				return nil, errParked
+			}
+		}
 		return rc.svc.Output(ctx, rc.caller, p)
+	},
+	// exec.update (api.UpdateParams) -> api.Record: a new wall-clock
+	// deadline, timeout_ms from now. -32602 once the execution has exited.
+	"exec.update": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.UpdateParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.Update(ctx, rc.caller, p)
+	},
+	// exec.resize (api.ResizeParams) -> api.Record: sets the window size of
+	// the execution's terminal. -32602 without a terminal.
+	"exec.resize": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p api.ResizeParams
+		if err := decodeParams(raw, &p, ""); err != nil {
+			return nil, err
+		}
+		return rc.svc.Resize(ctx, rc.caller, p)
 	},
 	// exec.follow (api.FollowParams) -> api.Record when the execution is
 	// cleaned (or the connection closes). Meanwhile the connection carries

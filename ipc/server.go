@@ -20,6 +20,7 @@ const (
 	DefaultNoteQueueLen   = 256     // queued notifications per connection
 	DefaultNoteQueueBytes = 4 << 20 // bytes of queued notifications per connection
 	DefaultMaxConns       = 1024    // open connections per Server
+	DefaultMaxParked      = 1024    // exec.output calls parked (wait_ms) per connection
 )
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -55,7 +56,8 @@ var ErrServerClosed = errors.New("ipc: server closed")
 // Ownership: Serve runs the accept loop on the caller's goroutine; each
 // connection then has one reader goroutine (framing, validation, dispatch),
 // one writer goroutine (the only one that writes to the socket, responses and
-// notifications in order) and one goroutine per request in flight. The limit
+// notifications in order) and one goroutine per request in flight, except
+// exec.output calls parked in an OutputWaiter, which hold none. The limit
 // fields may be set only before the first Serve. Shutdown may be called from
 // any goroutine, once.
 type Server struct {
@@ -70,6 +72,10 @@ type Server struct {
 	// MaxConns bounds the open connections; one more is answered with a
 	// -32003 error (id null) and closed. 0 means no limit.
 	MaxConns int
+	// MaxParked bounds the exec.output calls with wait_ms parked in the
+	// service per connection, holding no goroutine (see OutputWaiter);
+	// beyond it a call waits on its own goroutine and in-flight slot.
+	MaxParked int
 
 	svc Service
 	log zerolog.Logger
@@ -88,6 +94,7 @@ func NewServer(svc Service, log zerolog.Logger) *Server {
 		NoteQueueLen:   DefaultNoteQueueLen,
 		NoteQueueBytes: DefaultNoteQueueBytes,
 		MaxConns:       DefaultMaxConns,
+		MaxParked:      DefaultMaxParked,
 		svc:            svc,
 		log:            log,
 		listeners:      make(map[*net.UnixListener]struct{}),

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -546,6 +548,16 @@ func TestMethodsReachService(t *testing.T) {
 	check("output", err)
 	_, err = c.Follow(ctx, api.FollowParams{ID: "a"}, func(string, json.RawMessage) {})
 	check("follow", err)
+	rec, err = c.Update(ctx, api.UpdateParams{ID: "a"})
+	if err == nil && rec.ID != "a" {
+		err = fmt.Errorf("record %q", rec.ID)
+	}
+	check("update", err)
+	rec, err = c.Resize(ctx, api.ResizeParams{ID: "a", Rows: 1, Cols: 1})
+	if err == nil && rec.ID != "a" {
+		err = fmt.Errorf("record %q", rec.ID)
+	}
+	check("resize", err)
 	info, err := c.Info(ctx)
 	if err == nil && info.Version != "test" {
 		err = fmt.Errorf("version %q", info.Version)
@@ -688,4 +700,77 @@ func TestClientThatNeverReadsIsNotBufferedWithoutBound(t *testing.T) {
 	if n := calls(); n == 0 || n >= total/2 {
 		t.Fatalf("%d of %d requests handled while the client read nothing; want a small bounded number", n, total)
 	}
+}
+
+// exec.output with wait_ms parks in an OutputWaiter: a thousand parked calls
+// on one connection hold no goroutine each, do not use up the in-flight
+// slots (a get is still answered), and are answered in order once released.
+func TestParkedOutputHoldsNoGoroutine(t *testing.T) {
+	f := newFake()
+	path, _ := startServer(t, f, func(s *Server) { s.MaxInFlight = 8 })
+	c := dialRaw(t, path)
+	const n = 1000
+	// Let goroutines of earlier tests and of this server settle first.
+	time.Sleep(50 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	for i := range n {
+		c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"exec.output","params":{"id":"x","offset":%d,"wait_ms":60000}}`, i, i))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for f.parkedCount() < n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := f.parkedCount(); got != n {
+		t.Fatalf("parked calls = %d, want %d", got, n)
+	}
+	if g := runtime.NumGoroutine(); g-before > 50 {
+		t.Fatalf("goroutines grew by %d with %d parked calls, want none per call", g-before, n)
+	}
+	c.send(`{"jsonrpc":"2.0","id":"get","method":"exec.get","params":{"id":"g"}}`)
+	if r := decodeResp(t, c.mustRead()); string(r.ID) != `"get"` {
+		t.Fatalf("first answer %s, want the get (nothing parked was released)", r.ID)
+	}
+	order := f.releaseParked()
+	for i := range n {
+		r := decodeResp(t, c.mustRead())
+		want := order[i]
+		if string(r.ID) != strconv.FormatInt(want, 10) {
+			t.Fatalf("answer %d has id %s, want %d (in the order the service answered)", i, r.ID, want)
+		}
+		var res api.OutputResult
+		if err := json.Unmarshal(r.Result, &res); err != nil || res.Offset != want || string(res.Data) != "x" {
+			t.Fatalf("answer %d = %s (%v), want offset %d with data", i, r.Result, err, want)
+		}
+	}
+}
+
+// Beyond MaxParked a call with wait_ms is served by Output on its own
+// goroutine; a closed connection drops its parked calls (their context
+// ends, the service answers them and forgets them).
+func TestParkedOutputLimitAndDisconnect(t *testing.T) {
+	f := newFake()
+	path, _ := startServer(t, f, func(s *Server) { s.MaxParked = 3 })
+	c := dialRaw(t, path)
+	for i := range 4 {
+		c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"exec.output","params":{"id":"x","wait_ms":1000}}`, i))
+	}
+	// The fourth is answered by the fake's Output (eof) at once.
+	if r := decodeResp(t, c.mustRead()); string(r.ID) != "3" {
+		t.Fatalf("first answer has id %s, want 3 (the one beyond MaxParked)", r.ID)
+	}
+	if got := f.parkedCount(); got != 3 {
+		t.Fatalf("parked = %d, want 3", got)
+	}
+	c.nc.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		f.parkMu.Lock()
+		d := f.parkDropped
+		f.parkMu.Unlock()
+		if d == 3 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("closing the connection did not drop its 3 parked calls")
 }

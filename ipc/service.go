@@ -33,4 +33,19 @@ type Service interface {
 	// response.
 	Follow(ctx context.Context, caller api.Owner, p api.FollowParams, notify func(method string, params any) bool) (api.Record, error)
 	Info(ctx context.Context) (api.Info, error)
+	// Update moves a running execution's wall-clock deadline (exec.update).
+	Update(ctx context.Context, caller api.Owner, p api.UpdateParams) (api.Record, error)
+	// Resize sets the window size of an execution's terminal (exec.resize).
+	Resize(ctx context.Context, caller api.Owner, p api.ResizeParams) (api.Record, error)
+}
+
+// OutputWaiter is implemented by a Service that can park an exec.output
+// call with wait_ms without holding a goroutine for it: OutputWait returns
+// at once and calls reply exactly once, later, from any goroutine (the
+// reactor calls it from its loop goroutine), when data arrives, the stream
+// ends, wait_ms passes or ctx ends. reply must not block. The server uses
+// it for up to Server.MaxParked calls per connection and calls Output
+// (which then waits on the request's goroutine) beyond that.
+type OutputWaiter interface {
+	OutputWait(ctx context.Context, caller api.Owner, p api.OutputParams, reply func(api.OutputResult, error))
 }

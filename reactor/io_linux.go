@@ -23,6 +23,10 @@ type stream struct {
 	// child actually wrote (the record's total_bytes).
 	red *redact.Redactor
 	raw int64
+	tty bool // fd is the execution's terminal (e.tty owns and closes it)
+	// parked are exec.output calls with wait_ms waiting for data past
+	// their offset, in arrival order (wait.go).
+	parked []*parkedRead
 }
 
 // info is the record's view of the stream: kept counts, and the bytes the
@@ -75,6 +79,13 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 			s.red = redact.New()
 		}
 		e.streams[i] = s
+		if sp.tty >= 0 {
+			// A terminal: its output is stdout; stderr stays empty, at EOF.
+			if i == 0 {
+				r.adoptTerminal(e, sp.tty, s)
+			}
+			continue
+		}
 		if err := r.loop.Add(fd, eventloop.Readable, func(eventloop.Events) { r.drain(e, s) }); err != nil {
 			r.log.Error().Err(err).Str("exec_id", e.id).Msg("watch output pipe")
 			unix.Close(fd)
@@ -141,7 +152,11 @@ func (r *Reactor) exitedOnWaiter(e *execution, ps *os.ProcessState, err error) {
 // cannot starve the others (epoll is level-triggered: the rest comes next
 // round).
 func (r *Reactor) drain(e *execution, s *stream) {
-	for i := 0; i < 4 && s.fd >= 0; i++ {
+	rounds := 4
+	if s.tty {
+		rounds = 16 // a terminal gives at most a few KiB per read
+	}
+	for i := 0; i < rounds && s.fd >= 0; i++ {
 		n, err := unix.Read(s.fd, r.readBuf)
 		if n > 0 {
 			chunk := r.readBuf[:n]
@@ -150,7 +165,7 @@ func (r *Reactor) drain(e *execution, s *stream) {
 				chunk = s.red.Write(chunk)
 			}
 			r.keep(e, s, chunk)
-			if n < len(r.readBuf) {
+			if n < len(r.readBuf) && !s.tty {
 				return
 			}
 			continue
@@ -160,6 +175,8 @@ func (r *Reactor) drain(e *execution, s *stream) {
 			return
 		case err == unix.EINTR:
 			continue
+		case err == unix.EIO && s.tty:
+			// The terminal's EOF: no process has its slave open any more.
 		case err != nil:
 			r.log.Warn().Err(err).Str("exec_id", e.id).Str("stream", s.name).Msg("read output")
 		}
@@ -178,12 +195,14 @@ func (r *Reactor) keep(e *execution, s *stream, chunk []byte) {
 	}
 	off := s.kept.total
 	s.kept.write(chunk)
+	e.sawOutput()
 	if len(e.followers) > 0 {
 		note := api.OutputNotification{ID: e.id, Stream: s.name, Offset: off, Data: chunk}
 		for f := range e.followers {
 			f.notify(api.NotifyOutput, note)
 		}
 	}
+	r.wakeParked(e, s)
 }
 
 func (r *Reactor) closeStream(e *execution, s *stream) {
@@ -193,17 +212,27 @@ func (r *Reactor) closeStream(e *execution, s *stream) {
 	if s.red != nil {
 		r.keep(e, s, s.red.Flush()) // what was held back at EOF
 	}
-	if err := r.loop.Remove(s.fd); err != nil {
-		r.log.Debug().Err(err).Str("exec_id", e.id).Msg("unwatch output pipe")
+	if s.tty {
+		r.closeTerminal(e) // hangs up the terminal
+	} else {
+		if err := r.loop.Remove(s.fd); err != nil {
+			r.log.Debug().Err(err).Str("exec_id", e.id).Msg("unwatch output pipe")
+		}
+		unix.Close(s.fd)
 	}
-	unix.Close(s.fd)
 	s.fd = -1
+	r.wakeParked(e, s) // EOF
 }
 
 // writeStdin queues data for the child's stdin. Loop goroutine only.
 func (r *Reactor) writeStdin(e *execution, data []byte, closeIt bool) (int, error) {
+	if e.tty != nil {
+		return r.writeTerminal(e, data, closeIt)
+	}
 	in := e.stdin
 	switch {
+	case e.params.TTY:
+		return 0, api.Errorf(api.CodeInvalidParams, "id: execution is still starting; retry")
 	case in == nil:
 		return 0, api.Errorf(api.CodeInvalidParams, "id: execution was not started with stdin_open")
 	case in.err != nil:

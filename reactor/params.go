@@ -77,6 +77,7 @@ func normalize(p *api.StartParams, d api.Defaults) error {
 		{"memory_bytes", &p.MemoryBytes, 0, 1 << 50},
 		{"tasks_max", &p.TasksMax, d.TasksMax, 1 << 22},
 		{"output_limit_bytes", &p.OutputLimitBytes, d.OutputLimitBytes, maxOutputLimit},
+		{"idle_timeout_ms", &p.IdleTimeoutMS, 0, maxTimeoutMS},
 	} {
 		if *f.v < 0 {
 			return bad(f.name, "must not be negative")
@@ -87,6 +88,16 @@ func normalize(p *api.StartParams, d api.Defaults) error {
 		if *f.v == 0 {
 			*f.v = f.def
 		}
+	}
+	if p.TTY {
+		if p.TTYSize == nil {
+			p.TTYSize = &api.TTYSize{Rows: api.DefaultTTYRows, Cols: api.DefaultTTYCols}
+		}
+		if err := checkTTYSize(*p.TTYSize, "tty_size"); err != nil {
+			return err
+		}
+	} else if p.TTYSize != nil {
+		return bad("tty_size", "only with tty: true")
 	}
 	if p.MemoryBytes != 0 && p.MemoryBytes < 1<<20 {
 		return bad("memory_bytes", "at least 1 MiB")

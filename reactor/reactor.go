@@ -92,7 +92,10 @@ type Reactor struct {
 	runningAt                 atomic.Int64 // running count mirrored for Info
 }
 
-var _ ipc.Service = (*Reactor)(nil)
+var (
+	_ ipc.Service      = (*Reactor)(nil)
+	_ ipc.OutputWaiter = (*Reactor)(nil)
+)
 
 // New creates a reactor; call Run to start supervising.
 func New(cfg Config) (*Reactor, error) {

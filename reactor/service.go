@@ -118,7 +118,8 @@ func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record)
 	e.rec = api.Record{
 		ID: id, Owner: caller, Argv: p.Argv, Labels: p.Labels, State: api.StateStarted,
 		CreatedAt: now, User: p.User, Network: p.Network, Backend: r.cfg.Backend.Name(),
-		TimeoutMS: p.TimeoutMS,
+		TimeoutMS: p.TimeoutMS, IdleTimeoutMS: p.IdleTimeoutMS,
+		TTY: p.TTY, TTYSize: p.TTYSize,
 	}
 	r.execs[id] = e
 	r.running++
@@ -371,36 +372,31 @@ func (r *Reactor) List(ctx context.Context, caller api.Owner, p api.ListParams) 
 
 // Output implements exec.output.
 func (r *Reactor) Output(ctx context.Context, caller api.Owner, p api.OutputParams) (res api.OutputResult, err error) {
+	if p.WaitMS != 0 {
+		// Parked on the loop (wait.go); this goroutine waits for the answer.
+		type answer struct {
+			res api.OutputResult
+			err error
+		}
+		ch := make(chan answer, 1)
+		r.OutputWait(ctx, caller, p, func(res api.OutputResult, err error) { ch <- answer{res, err} })
+		a := <-ch
+		return a.res, a.err
+	}
 	idx, err := streamIndex(p.Stream)
 	if err != nil {
 		return res, err
 	}
-	if p.Offset < 0 || p.Limit < 0 {
-		return res, api.Errorf(api.CodeInvalidParams, "offset, limit: must not be negative")
-	}
-	limit := p.Limit
-	if limit == 0 || limit > 4<<20 {
-		limit = 4 << 20
+	limit, err := outputLimit(p)
+	if err != nil {
+		return res, err
 	}
 	err = r.orStored(ctx, func() (err error) {
 		e, err := r.lookup(caller, p.ID)
 		if err != nil {
 			return err
 		}
-		s := e.streams[idx]
-		if s == nil { // never started
-			res = api.OutputResult{Data: []byte{}, Offset: 0, EOF: e.state.Finished()}
-			return nil
-		}
-		data, start, gap := s.kept.read(p.Offset, limit)
-		res = api.OutputResult{
-			Data: data, Offset: start, NextOffset: start + int64(len(data)),
-			TotalBytes: s.kept.total, Gap: gap,
-		}
-		res.EOF = s.fd < 0 && res.NextOffset >= s.kept.total
-		if res.Data == nil {
-			res.Data = []byte{}
-		}
+		res = readNow(e, e.streams[idx], p.Offset, limit)
 		return nil
 	}, func() (err error) {
 		res, err = r.storedOutput(caller, p, limit)

@@ -38,6 +38,7 @@ type spawned struct {
 	stdout   int
 	stderr   int
 	stdin    int // -1: the child's stdin is /dev/null
+	tty      int // the terminal's master (tty: true; stdout, stderr and stdin are -1), or -1
 	work     string
 	startErr error
 	errno    string
@@ -47,7 +48,7 @@ type spawned struct {
 // loop: it reads the user database, creates the scope (a D-Bus round trip
 // under systemd) and forks.
 func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
-	sp := &spawned{pidfd: -1, stdout: -1, stderr: -1, stdin: -1}
+	sp := &spawned{pidfd: -1, stdout: -1, stderr: -1, stdin: -1, tty: -1}
 	p := e.params
 	fail := func(err error) *spawned {
 		sp.startErr = err
@@ -101,20 +102,33 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 			f.Close()
 		}
 	}
-	outR, outW, err := outputPipe()
-	if err != nil {
-		return fail(err)
+	var stdin, outW, errW *os.File
+	if p.TTY {
+		// A terminal instead: its slave is the child's stdin, stdout and
+		// stderr (and, below, its controlling terminal).
+		master, slave, err := openPty(*p.TTYSize, ra.uid, ra.gid)
+		if err != nil {
+			return fail(fmt.Errorf("open terminal: %w", err))
+		}
+		sp.tty = master
+		child = append(child, slave)
+		stdin, outW, errW = slave, slave, slave
+	} else {
+		outR, w, err := outputPipe()
+		if err != nil {
+			return fail(err)
+		}
+		errR, w2, err := outputPipe()
+		if err != nil {
+			unix.Close(outR)
+			w.Close()
+			return fail(err)
+		}
+		outW, errW = w, w2
+		child = append(child, outW, errW)
+		sp.stdout, sp.stderr = outR, errR
 	}
-	errR, errW, err := outputPipe()
-	if err != nil {
-		unix.Close(outR)
-		outW.Close()
-		return fail(err)
-	}
-	child = append(child, outW, errW)
-	sp.stdout, sp.stderr = outR, errR
-	var stdin *os.File
-	if p.StdinOpen || len(p.Stdin) > 0 {
+	if !p.TTY && (p.StdinOpen || len(p.Stdin) > 0) {
 		var fds [2]int
 		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
 			closeChild()
@@ -148,6 +162,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	if pe := r.pooled(needShim); pe != nil {
 		cfg := shimConfig(p, env, dir, sp.work != "", cred)
 		cfg.NewNetNS = p.Network == "none"
+		cfg.Ctty = p.TTY
 		if xerr, ok := r.dispatchPooled(pe, cfg, limits, stdin, outW, errW); ok {
 			closeChild()
 			sp.proc, sp.sc, sp.pidfd = pe.cmd.Process, pe.sc, pe.pidfd
@@ -173,6 +188,11 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	if stdin == nil {
 		cmd.Stdin = nil // /dev/null
 	}
+	if p.TTY && !needShim {
+		// setsid, then the terminal (the child's fd 0) becomes its
+		// controlling terminal.
+		cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0
+	}
 	cmd.SysProcAttr.Credential = cred
 	if p.Network == "none" {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
@@ -185,10 +205,14 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	// the shim enters it before dropping privileges, which os/exec cannot
 	// (it changes the credentials first, then the directory), and checks
 	// cwd and argv[0] as the user.
-	var sh *shim.Handle
+	var (
+		sh  *shim.Handle
+		err error
+	)
 	if needShim {
 		cfg := shimConfig(p, env, dir, sp.work != "", cred)
 		cfg.Hold = hold
+		cfg.Ctty = p.TTY
 		cmd.SysProcAttr.Credential = nil // the shim drops privileges itself, last
 		if sh, err = shim.Wrap(cmd, cfg); err != nil {
 			closeChild()
@@ -231,7 +255,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 
 // closeFds closes the parent ends of the pipes.
 func (sp *spawned) closeFds() {
-	for _, fd := range []*int{&sp.stdout, &sp.stderr, &sp.stdin} {
+	for _, fd := range []*int{&sp.stdout, &sp.stderr, &sp.stdin, &sp.tty} {
 		if *fd >= 0 {
 			unix.Close(*fd)
 			*fd = -1

@@ -51,9 +51,13 @@ type execution struct {
 	sc      scope.Scope
 	streams [2]*stream // stdout, stderr
 	stdin   *stdinPipe
+	tty     *terminal // tty: true: the terminal's master, owned here (tty_linux.go)
 	work    string // workspace to delete at cleanup, or ""
 
 	timeout, grace, killWait, sampler, reap *eventloop.Timer
+	idle                                    *eventloop.Timer // idle_timeout_ms (deadline.go)
+	deadline                                time.Time        // wall-clock limit; exec.update moves it
+	lastOutput                              time.Time        // last output byte, for the idle limit
 	scopeEmpty                              bool
 	cleaning                                bool // remove/delete running off-loop
 
@@ -91,10 +95,11 @@ func (r *Reactor) toRunning(e *execution) {
 	if e.sc != nil {
 		e.rec.Scope = e.sc.Name()
 	}
-	e.timeout = r.loop.AfterFunc(time.Duration(e.params.TimeoutMS)*time.Millisecond, func() {
-		e.timeout = nil
-		r.toCanceling(e, api.OutcomeTimeout, false)
-	})
+	if e.deadline.IsZero() { // else exec.update set it while spawning
+		e.deadline = now.Add(time.Duration(e.params.TimeoutMS) * time.Millisecond)
+	}
+	r.armDeadline(e)
+	r.armIdle(e)
 	if e.params.CPUMS > 0 || e.params.MemoryBytes > 0 {
 		r.armSampler(e)
 	}
@@ -122,6 +127,8 @@ func (r *Reactor) toCanceling(e *execution, why api.Outcome, hard bool) {
 	}
 	e.pending = why
 	r.stopTimer(&e.timeout)
+	r.stopTimer(&e.idle)
+	e.rec.Deadline = nil // the grace period applies now
 	r.audit(e, "canceling").Str("reason", string(why)).Msg("execution canceling")
 	r.commit(e, from)
 	if hard || e.params.GraceMS <= 0 {
@@ -158,6 +165,8 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		e.rec.DurationMS = now.Sub(*e.rec.StartedAt).Milliseconds()
 	}
 	r.stopTimer(&e.timeout)
+	r.stopTimer(&e.idle)
+	e.rec.Deadline = nil
 	r.stopTimer(&e.grace)
 	r.stopTimer(&e.sampler)
 	r.stopTimer(&e.killWait)
@@ -212,14 +221,8 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		outcome = api.OutcomeSignaled
 	}
 	mergeStats(&e.rec.Usage, stats)
-	if outcome == api.OutcomeTimeout && errText == "" {
-		errText = fmt.Sprintf("timed out after %d ms", e.params.TimeoutMS)
-	}
-	if outcome == api.OutcomeCPULimit && errText == "" {
-		errText = fmt.Sprintf("CPU time of the tree passed cpu_ms %d", e.params.CPUMS)
-	}
-	if outcome == api.OutcomeMemoryLimit && errText == "" {
-		errText = fmt.Sprintf("the tree was OOM-killed (memory_bytes %d)", e.params.MemoryBytes)
+	if errText == "" {
+		errText = limitError(e, outcome)
 	}
 	e.rec.Outcome = &outcome
 	if errText != "" {

@@ -114,6 +114,13 @@ func hold() error {
 // setup does everything between the release and the exec, in the order
 // whose reasons are given at each step.
 func setup(cfg *Config) *ExecError {
+	// First, while still root: a session leader without a controlling
+	// terminal takes the one on its stdin.
+	if cfg.Ctty {
+		if err := unix.IoctlSetInt(0, unix.TIOCSCTTY, 0); err != nil {
+			return newExecError("ctty", os.NewSyscallError("ioctl(TIOCSCTTY)", err))
+		}
+	}
 	// Before credentials change: bringing an interface up needs
 	// CAP_NET_ADMIN, raising a hard rlimit needs CAP_SYS_RESOURCE.
 	if cfg.NewNetNS {

@@ -87,6 +87,11 @@ type Config struct {
 	// Deferred marks a pooled shim's placeholder config: the real one comes
 	// with the dispatch (WrapPooled).
 	Deferred bool `json:"deferred,omitempty"`
+	// Ctty makes the terminal on fd 0 the shim's controlling terminal
+	// (TIOCSCTTY) before anything else; the shim must lead its session
+	// (SysProcAttr.Setsid, as every corral child has). The command
+	// inherits it.
+	Ctty bool `json:"ctty,omitempty"`
 }
 
 // ExecError is the shim's report of a failure before or at exec.
