@@ -52,7 +52,7 @@ type execution struct {
 	streams [2]*stream // stdout, stderr
 	stdin   *stdinPipe
 	tty     *terminal // tty: true: the terminal's master, owned here (tty_linux.go)
-	work    string // workspace to delete at cleanup, or ""
+	work    string    // workspace to delete at cleanup, or ""
 
 	timeout, grace, killWait, sampler, reap *eventloop.Timer
 	idle                                    *eventloop.Timer // idle_timeout_ms (deadline.go)

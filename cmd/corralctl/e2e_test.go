@@ -51,6 +51,9 @@ type fakeDaemon struct {
 	n     int
 	// signals records exec.signal calls as "id SIG target".
 	signals []string
+	// updates records exec.update calls as "id TIMEOUT_MS"; resizes
+	// exec.resize calls as "id ROWSxCOLS".
+	updates, resizes []string
 }
 
 var _ ipc.Service = (*fakeDaemon)(nil)
@@ -324,6 +327,36 @@ func (d *fakeDaemon) Follow(ctx context.Context, _ api.Owner, p api.FollowParams
 	}
 	send()
 	return d.snapshot(x), nil
+}
+
+func (d *fakeDaemon) Update(_ context.Context, _ api.Owner, p api.UpdateParams) (api.Record, error) {
+	x, err := d.lookup(p.ID)
+	if err != nil {
+		return api.Record{}, err
+	}
+	if p.TimeoutMS == nil {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "timeout_ms: required")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.updates = append(d.updates, fmt.Sprintf("%s %d", p.ID, *p.TimeoutMS))
+	if x.rec.State.Finished() {
+		return api.Record{}, api.Errorf(api.CodeInvalidParams, "id: execution %s has exited; there is no deadline to move", p.ID)
+	}
+	dl := time.Now().Add(time.Duration(*p.TimeoutMS) * time.Millisecond)
+	x.rec.Deadline = &dl
+	return x.rec, nil
+}
+
+func (d *fakeDaemon) Resize(_ context.Context, _ api.Owner, p api.ResizeParams) (api.Record, error) {
+	x, err := d.lookup(p.ID)
+	if err != nil {
+		return api.Record{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.resizes = append(d.resizes, fmt.Sprintf("%s %dx%d", p.ID, p.Rows, p.Cols))
+	return x.rec, nil
 }
 
 func (d *fakeDaemon) Info(context.Context) (api.Info, error) {
