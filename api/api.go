@@ -197,6 +197,9 @@ type StartParams struct {
 	TTY           bool     `json:"tty,omitempty"`             // run on a new pseudo-terminal
 	TTYSize       *TTYSize `json:"tty_size,omitempty"`        // its initial size (default 24x80)
 	IdleTimeoutMS int64    `json:"idle_timeout_ms,omitempty"` // end it after this long without output (0: none)
+	// Traceparent is the caller's W3C Trace Context: the execution's trace
+	// becomes a child of that span.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Defaults of exec.start, as in the protocol.

@@ -78,10 +78,12 @@ func (a *acker) close() {
 // update; then runs on the loop once it is durable (or failed: supervision
 // goes on, the store reports itself degraded). Loop goroutine only.
 func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then func(ok bool), outs ...store.Output) {
+	queued := time.Now()
 	ch := r.store.Transition(from, rec, outs...)
 	r.inflight++
 	r.acks.push(pendingAck{ch: ch, then: func(res store.Result) {
 		r.inflight--
+		r.obs.StoreCommit(time.Since(queued), res.Err == nil)
 		if res.Err != nil {
 			r.log.Error().Err(res.Err).Str("exec_id", e.id).Stringer("state", rec.State).
 				Msg("store: transition not durable; the execution stays supervised, the write is retried")
@@ -221,6 +223,7 @@ func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) 
 func (r *Reactor) commit(e *execution, from api.State) {
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
+	r.observe(e, from, &rec)
 	r.persist(e, from, rec, func(bool) {
 		r.tell(e, rec)
 		if e.startAck != nil {

@@ -159,6 +159,7 @@ func (r *Reactor) drain(e *execution, s *stream) {
 	for i := 0; i < rounds && s.fd >= 0; i++ {
 		n, err := unix.Read(s.fd, r.readBuf)
 		if n > 0 {
+			r.obs.Output(s.name, n)
 			chunk := r.readBuf[:n]
 			if s.red != nil {
 				s.raw += int64(n)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -37,6 +38,9 @@ func normalize(p *api.StartParams, d api.Defaults) error {
 	}
 	if len(p.Argv) == 0 {
 		return bad("argv", "required, at least the command")
+	}
+	if p.Traceparent != "" && !validTraceparent(p.Traceparent) {
+		return bad("traceparent", "want a W3C traceparent, VERSION-TRACEID-PARENTID-FLAGS in lowercase hex")
 	}
 	if len(p.Argv) > maxArgs {
 		return bad("argv", "more than %d arguments", maxArgs)
@@ -202,4 +206,19 @@ func signalName(sig unix.Signal) string {
 		return n
 	}
 	return fmt.Sprintf("SIG%d", int(sig))
+}
+
+// traceparentRE is a W3C Trace Context traceparent: version 00 has exactly
+// these four fields; a later version may add fields after a dash.
+var traceparentRE = regexp.MustCompile(`^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-[\x21-\x7e]*)?$`)
+
+// validTraceparent checks a traceparent as the W3C spec's parser does:
+// version ff, an all-zero trace or parent id, and extra fields in
+// version 00 are invalid.
+func validTraceparent(s string) bool {
+	m := traceparentRE.FindStringSubmatch(s)
+	if m == nil || len(s) > 256 || m[1] == "ff" || (m[1] == "00" && m[4] != "") {
+		return false
+	}
+	return strings.Trim(m[2], "0") != "" && strings.Trim(m[3], "0") != ""
 }

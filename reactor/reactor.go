@@ -62,6 +62,9 @@ type Config struct {
 	Store store.Store
 	// Info is filled into daemon.info (version, backend details, checks).
 	Info api.Info
+	// Observer is told of transitions, output and store writes (metrics,
+	// traces); nil: nobody.
+	Observer Observer
 }
 
 // Reactor supervises executions. Create it with New, drive it with Run.
@@ -83,6 +86,7 @@ type Reactor struct {
 	dirty    map[*execution]struct{} // latest record not durable yet
 	retry    *eventloop.Timer
 	pool     *pool // nil without Config.PoolSize
+	obs      Observer
 
 	total atomic.Int64
 	// How exits were seen: through the pidfd in the loop, or by the
@@ -153,6 +157,10 @@ func New(cfg Config) (*Reactor, error) {
 	}
 	if cfg.PoolSize > 0 {
 		r.pool = newPool(r, cfg.PoolSize)
+	}
+	r.obs = cfg.Observer
+	if r.obs == nil {
+		r.obs = Observers()
 	}
 	return r, nil
 }

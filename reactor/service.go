@@ -128,7 +128,9 @@ func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record)
 	argv := make([]string, len(p.Argv))
 	copy(argv, p.Argv)
 	r.audit(e, "started").Strs("argv", argv).Msg("execution started")
-	return e, r.snapshot(e), false, nil
+	rec := r.snapshot(e)
+	r.observe(e, 0, &rec)
+	return e, rec, false, nil
 }
 
 // abandon forgets an execution whose record could not be stored; nothing

@@ -265,6 +265,7 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 	r.audit(e, "cleaned").Msg("execution cleaned")
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
+	r.observe(e, api.StateExited, &rec)
 	// The final record, with the kept output, is durable before any client
 	// hears of it; from then on the store answers for it.
 	r.persist(e, api.StateExited, rec, func(ok bool) {
