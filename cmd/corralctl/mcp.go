@@ -123,6 +123,11 @@ func schemaFor[T any](defaults map[string]any, enums map[string][]any) *jsonsche
 	}
 	zero := 0.0
 	for name, p := range sc.Properties {
+		// A Go slice or map may be nil, so it is inferred as ["null",
+		// "array"]; an argument is simply left out instead.
+		if len(p.Types) == 2 && p.Types[0] == "null" {
+			p.Type, p.Types = p.Types[1], nil
+		}
 		if p.Type == "integer" || (len(p.Types) > 0 && p.Types[len(p.Types)-1] == "integer") {
 			p.Minimum = &zero
 		}
