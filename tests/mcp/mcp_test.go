@@ -200,12 +200,12 @@ func TestTypeScriptClient(t *testing.T) {
 // mcpProc is a `corralctl mcp` driven with raw JSON-RPC lines, for what the
 // SDK client hides: the server's exit when its stdin closes.
 type mcpProc struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	out   *bufio.Scanner
-	next  int
-	errb  strings.Builder
+	t    *testing.T
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Scanner
+	next int
+	errb strings.Builder
 }
 
 func startMCP(t *testing.T, socket string, args ...string) *mcpProc {
