@@ -5,73 +5,10 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 )
-
-// State is an execution's lifecycle state. States only move forward:
-//
-//	started -> running -> (canceling ->) exited -> cleaned
-//
-// started also moves straight to exited when the child could not be started.
-// cleaned is terminal.
-type State int
-
-const (
-	StateStarted   State = iota + 1 // record written, child being spawned; next: running, exited
-	StateRunning                    // main process alive and watched; next: canceling, exited
-	StateCanceling                  // SIGTERM sent (timeout, cancel or limit); next: exited
-	StateExited                     // main process reaped (the one Wait); next: cleaned
-	StateCleaned                    // tree gone, scope removed, fds closed; terminal
-)
-
-var stateNames = map[State]string{
-	StateStarted:   "started",
-	StateRunning:   "running",
-	StateCanceling: "canceling",
-	StateExited:    "exited",
-	StateCleaned:   "cleaned",
-}
-
-func (s State) String() string {
-	if n, ok := stateNames[s]; ok {
-		return n
-	}
-	return fmt.Sprintf("State(%d)", int(s))
-}
-
-// ParseState returns the State named s.
-func ParseState(s string) (State, error) {
-	for k, v := range stateNames {
-		if v == s {
-			return k, nil
-		}
-	}
-	return 0, fmt.Errorf("unknown state %q", s)
-}
-
-// Terminal reports whether no transition leaves s.
-func (s State) Terminal() bool { return s == StateCleaned }
-
-// Finished reports whether the main process has been reaped.
-func (s State) Finished() bool { return s >= StateExited }
-
-func (s State) MarshalJSON() ([]byte, error) { return json.Marshal(s.String()) }
-
-func (s *State) UnmarshalJSON(b []byte) error {
-	var str string
-	if err := json.Unmarshal(b, &str); err != nil {
-		return err
-	}
-	v, err := ParseState(str)
-	if err != nil {
-		return err
-	}
-	*s = v
-	return nil
-}
 
 // Outcome is the stable machine-readable result of an execution, set once
 // when it reaches exited.
@@ -406,13 +343,49 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
+// Is reports whether target is a Sentinel with e's code, so that an error
+// a client received (an *Error rebuilt from the wire) matches the sentinel
+// the daemon returned: errors.Is(err, api.ErrNotFound).
+func (e *Error) Is(target error) bool {
+	s, ok := target.(*Sentinel)
+	return ok && e.Code == s.code
+}
+
 // Errorf returns an *Error with code c and a formatted client-visible message.
 func Errorf(c Code, format string, args ...any) *Error {
 	return &Error{Code: c, Message: fmt.Sprintf(format, args...)}
 }
 
-// ErrNotFound is returned for an id that does not exist or is not the caller's.
-var ErrNotFound = &Error{Code: CodeNotFound, Message: "execution not found"}
+// Sentinel is an immutable error with a JSON-RPC code, for the errors a
+// caller matches with errors.Is (ErrNotFound). Its fields cannot be
+// changed from outside the package, so no caller can alter what another
+// sees. errors.As finds it as an *Error (a fresh copy), so ErrorCode and the
+// server's error mapping need nothing special.
+type Sentinel struct {
+	code    Code
+	message string
+}
+
+// NewSentinel returns a Sentinel with code c and client-visible message.
+func NewSentinel(c Code, message string) *Sentinel { return &Sentinel{code: c, message: message} }
+
+func (s *Sentinel) Error() string { return s.message }
+
+// Code is the sentinel's JSON-RPC code.
+func (s *Sentinel) Code() Code { return s.code }
+
+// As lets errors.As(err, &target) with target an *Error see the sentinel.
+func (s *Sentinel) As(target any) bool {
+	if p, ok := target.(**Error); ok {
+		*p = &Error{Code: s.code, Message: s.message}
+		return true
+	}
+	return false
+}
+
+// ErrNotFound is returned for an id that does not exist or is not the
+// caller's. Match it with errors.Is.
+var ErrNotFound = NewSentinel(CodeNotFound, "execution not found")
 
 // ErrorCode returns err's JSON-RPC code: the Code of an *Error in its chain,
 // or CodeInternal.

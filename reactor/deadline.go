@@ -29,7 +29,7 @@ func (r *Reactor) armDeadline(e *execution) {
 	}
 	e.timeout = r.loop.AfterFunc(time.Until(d), func() {
 		e.timeout = nil
-		r.toCanceling(e, api.OutcomeTimeout, false)
+		r.toCanceling(e, cancelRequest{why: api.OutcomeTimeout})
 	})
 }
 
@@ -53,7 +53,7 @@ func (r *Reactor) idleAfter(e *execution, d time.Duration) {
 			r.idleAfter(e, left) // output since: the limit counts from it
 			return
 		}
-		r.toCanceling(e, api.OutcomeIdleTimeout, false)
+		r.toCanceling(e, cancelRequest{why: api.OutcomeIdleTimeout})
 	})
 }
 
@@ -93,7 +93,7 @@ func (r *Reactor) Update(ctx context.Context, caller api.Owner, p api.UpdatePara
 		case api.StateExited, api.StateCleaned:
 			return api.Errorf(api.CodeInvalidParams, "id: execution %s has exited; there is no deadline to move", e.id)
 		case api.StateCanceling:
-			return api.Errorf(api.CodeInvalidParams, "id: execution %s is already being stopped (%s)", e.id, e.pending)
+			return api.Errorf(api.CodeInvalidParams, "id: execution %s is already being stopped (%s)", e.id, e.cancelWhy())
 		}
 		e.deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
 		if e.state == api.StateStarted {
@@ -124,17 +124,19 @@ func (r *Reactor) Update(ctx context.Context, caller api.Owner, p api.UpdatePara
 	}
 }
 
-// limitError is the record's error text for an outcome of corral's limits.
-func limitError(e *execution, outcome api.Outcome) string {
+// limitError is the record's error text for an outcome of corral's limits:
+// timeoutMS is the wall limit in force (exec.update may have moved it), p
+// the other limits. Pure: decideOutcome calls it.
+func limitError(outcome api.Outcome, timeoutMS int64, p api.StartParams) string {
 	switch outcome {
 	case api.OutcomeTimeout:
-		return fmt.Sprintf("timed out after %d ms", e.rec.TimeoutMS)
+		return fmt.Sprintf("timed out after %d ms", timeoutMS)
 	case api.OutcomeIdleTimeout:
-		return fmt.Sprintf("no output for %d ms (idle_timeout_ms)", e.params.IdleTimeoutMS)
+		return fmt.Sprintf("no output for %d ms (idle_timeout_ms)", p.IdleTimeoutMS)
 	case api.OutcomeCPULimit:
-		return fmt.Sprintf("CPU time of the tree passed cpu_ms %d", e.params.CPUMS)
+		return fmt.Sprintf("CPU time of the tree passed cpu_ms %d", p.CPUMS)
 	case api.OutcomeMemoryLimit:
-		return fmt.Sprintf("the tree was OOM-killed (memory_bytes %d)", e.params.MemoryBytes)
+		return fmt.Sprintf("the tree was OOM-killed (memory_bytes %d)", p.MemoryBytes)
 	}
 	return ""
 }

@@ -3,6 +3,7 @@ package reactor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"time"
 
@@ -96,9 +97,10 @@ func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then fun
 }
 
 // markDirty remembers that e's latest record did not reach the store; it is
-// written again every second until it does (and before shutdown). The
-// store's catch-up rule (stored state <= from) lets the latest record
-// replace whatever older one the store holds. Loop goroutine only.
+// written again every second until it does (and before shutdown), as a
+// transition from e.prev, the state it really left: the store's catch-up
+// rule (stored state <= from) lets the latest record replace whatever older
+// one the store holds. Loop goroutine only.
 func (r *Reactor) markDirty(e *execution) {
 	r.dirty[e] = struct{}{}
 	if r.retry == nil {
@@ -115,27 +117,12 @@ func (r *Reactor) retryDirty() {
 		if e.state == api.StateCleaned {
 			outs = keptForStore(e)
 		}
-		r.persist(e, before(rec.State), rec, func(ok bool) {
+		r.persist(e, e.prev, rec, func(ok bool) {
 			if ok && e.done && e.state == api.StateCleaned {
 				delete(r.execs, e.id) // durable at last: the store answers for it
 			}
 		}, outs...)
 	}
-}
-
-// before is the state a record in state s was last in, for a catch-up write.
-func before(s api.State) api.State {
-	switch s {
-	case api.StateCleaned:
-		return api.StateExited
-	case api.StateExited:
-		return api.StateCanceling
-	case api.StateCanceling:
-		return api.StateRunning
-	case api.StateRunning:
-		return api.StateStarted
-	}
-	return s
 }
 
 // keptForStore is the kept output of e's streams as the store keeps it.
@@ -213,18 +200,19 @@ func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) 
 	if lerr := r.onLoop(ctx, func() { err = f() }); lerr != nil {
 		return lerr
 	}
-	if err == api.ErrNotFound {
+	if errors.Is(err, api.ErrNotFound) {
 		return g()
 	}
 	return err
 }
 
+// commit persists the transition e just made (from e.prev) and tells
 // followers once it is durable. Loop goroutine only.
-func (r *Reactor) commit(e *execution, from api.State) {
+func (r *Reactor) commit(e *execution) {
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
-	r.observe(e, from, &rec)
-	r.persist(e, from, rec, func(bool) {
+	r.observe(e, e.prev, &rec)
+	r.persist(e, e.prev, rec, func(bool) {
 		r.tell(e, rec)
 		if e.startAck != nil {
 			e.startAck <- rec

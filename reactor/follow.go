@@ -2,6 +2,7 @@ package reactor
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/corral-dev/corral/api"
@@ -85,7 +86,7 @@ func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowPara
 	}); lerr != nil {
 		return api.Record{}, lerr
 	}
-	if err == api.ErrNotFound {
+	if errors.Is(err, api.ErrNotFound) {
 		return r.followStored(caller, p, f)
 	}
 	if err != nil {

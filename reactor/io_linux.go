@@ -115,7 +115,7 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 			ps, err := proc.Wait()
 			r.reaper.reaped(proc.Pid)
 			r.reapedWaiter.Add(1)
-			r.post(func() { r.exitedOnWaiter(e, ps, err) })
+			r.post(func() { r.toExited(e, exitResult{ps: ps, err: err}) })
 		}()
 	}
 	r.toRunning(e)
@@ -134,16 +134,8 @@ func (r *Reactor) reap(e *execution) {
 	r.reapedPidfd.Add(1)
 	if e.state.Finished() {
 		// Forced to exited earlier (it survived SIGKILL for KillWait);
-		// reaped now, so no zombie stays behind.
+		// reaped now, so no zombie stays behind. toExited is then stale.
 		r.log.Info().Str("exec_id", e.id).Msg("late exit of main process reaped")
-		return
-	}
-	r.toExited(e, exitResult{ps: ps, err: err})
-}
-
-func (r *Reactor) exitedOnWaiter(e *execution, ps *os.ProcessState, err error) {
-	if e.state.Finished() {
-		return
 	}
 	r.toExited(e, exitResult{ps: ps, err: err})
 }

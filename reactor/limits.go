@@ -4,8 +4,6 @@ package reactor
 // counters it reads.
 
 import (
-	"os"
-
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
 )
@@ -22,11 +20,11 @@ func (r *Reactor) armSampler(e *execution) {
 		mergeStats(&e.rec.Usage, st)
 		switch {
 		case st.OOMKills > 0 && e.params.MemoryBytes > 0:
-			r.toCanceling(e, api.OutcomeMemoryLimit, true)
+			r.toCanceling(e, cancelRequest{why: api.OutcomeMemoryLimit, hard: true})
 		case e.params.CPUMS > 0 && st.CPUUsageNS >= e.params.CPUMS*1e6:
-			r.toCanceling(e, api.OutcomeCPULimit, true)
+			r.toCanceling(e, cancelRequest{why: api.OutcomeCPULimit, hard: true})
 		}
-		if !e.state.Finished() && e.pending == "" {
+		if !e.ending() {
 			r.armSampler(e)
 		}
 	})
@@ -66,9 +64,4 @@ func mergeStats(u *api.Usage, st scope.Stats) {
 	if st.Tasks >= 0 {
 		u.TasksPeak = max(u.TasksPeak, st.Tasks)
 	}
-}
-
-// children it waited for.
-func rusageCPU(ps *os.ProcessState) int64 {
-	return (ps.UserTime() + ps.SystemTime()).Milliseconds()
 }

@@ -6,6 +6,7 @@ package reactor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -190,7 +191,7 @@ func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) 
 	}); lerr != nil {
 		return rec, lerr
 	}
-	if err == api.ErrNotFound {
+	if errors.Is(err, api.ErrNotFound) {
 		return r.stored(caller, p.ID)
 	}
 	if err != nil || ch == nil {
@@ -227,10 +228,7 @@ func (r *Reactor) Cancel(ctx context.Context, caller api.Owner, p api.CancelPara
 		if err != nil {
 			return err
 		}
-		if !e.state.Finished() && e.state != api.StateCanceling && e.pending == "" {
-			e.rec.CancelReason = p.Reason
-			r.toCanceling(e, api.OutcomeCancelled, false)
-		}
+		r.toCanceling(e, cancelRequest{why: api.OutcomeCancelled, reason: p.Reason})
 		rec = r.snapshot(e)
 		return nil
 	}, func() (err error) {
@@ -452,9 +450,8 @@ func (r *Reactor) Shutdown(ctx context.Context, drain time.Duration) error {
 			}
 			if time.Now().After(deadline) {
 				for _, e := range r.execs {
-					if !e.state.Finished() && e.pending == "" {
-						e.rec.CancelReason = "daemon shutting down"
-						r.toCanceling(e, api.OutcomeCancelled, false)
+					if !e.ending() { // this runs every 20ms: skip what is already ending
+						r.toCanceling(e, cancelRequest{why: api.OutcomeCancelled, reason: "daemon shutting down"})
 					}
 				}
 			}

@@ -7,12 +7,16 @@ package reactor
 //	   |                      |                        |
 //	   +-------------------toExited--------------------+--> exited --toCleaned--> cleaned
 //
-// All of them run on the loop goroutine. A transition that does not apply to
-// the current state (a late timer, a duplicate cancel) is a no-op with a log
-// line, never a regression.
+// Which moves are legal is api.State.CanMoveTo, the one table the store's
+// conditional update also uses. All of them run on the loop goroutine. A
+// transition that does not apply to the current state is a no-op with a log
+// line, never a regression: at Debug when it is stale (a late timer, a
+// duplicate cancel), at Error when it is illegal (a bug). The side effects
+// the transitions set in motion live in cleanup.go (signals, kill, cleanup),
+// limits.go (the sampler), outcome.go (the outcome decision) and durable.go
+// (commit to the store).
 
 import (
-	"fmt"
 	"os"
 	"syscall"
 	"time"
@@ -24,15 +28,6 @@ import (
 	"github.com/corral-dev/corral/scope"
 )
 
-// legal lists, for each state, the states it may move to.
-var legal = map[api.State][]api.State{
-	api.StateStarted:   {api.StateRunning, api.StateExited},
-	api.StateRunning:   {api.StateCanceling, api.StateExited},
-	api.StateCanceling: {api.StateExited},
-	api.StateExited:    {api.StateCleaned},
-	api.StateCleaned:   nil,
-}
-
 // execution is one supervised command. All fields are owned by the loop
 // goroutine; the immutable ones (id, owner, params) may be read
 // anywhere once the execution is published in Reactor.execs.
@@ -41,10 +36,14 @@ type execution struct {
 	owner  api.Owner
 	params api.StartParams
 
-	state    api.State
-	rec      api.Record  // the record as clients see it, kept current
-	pending  api.Outcome // why corral is ending it (timeout, cancelled, cpu_limit, memory_limit), or ""
-	hardKill bool        // the pending outcome asked for SIGKILL at once
+	state api.State  // changed by transition only
+	prev  api.State  // the state the last transition left, for catch-up writes
+	rec   api.Record // the record as clients see it, kept current
+	// cancel is corral's decision to end the execution, once made (the
+	// first one wins). Made while started, it waits here until toRunning
+	// applies it; it is also the outcome toExited reports. Set and read
+	// in this file only.
+	cancel *cancelRequest
 
 	proc    *os.Process
 	pidfd   int // dup'd pidfd in the loop's epoll set; -1 when none
@@ -67,17 +66,42 @@ type execution struct {
 	startAck  chan api.Record // exec.start's answer, sent once its first transition is durable
 }
 
-// transition moves e to next if the state machine allows it.
-func (r *Reactor) transition(e *execution, next api.State) bool {
-	for _, s := range legal[e.state] {
-		if s == next {
-			e.state = next
-			e.rec.State = next
-			return true
-		}
+// cancelRequest is why corral ends an execution.
+type cancelRequest struct {
+	why    api.Outcome // the outcome it will have: timeout, cancelled, cpu_limit, memory_limit
+	hard   bool        // SIGKILL at once, no grace
+	reason string      // the client's words (exec.cancel reason), or ""
+}
+
+// ending reports whether corral has decided to end e, or it has ended: a
+// sampler or a limit need not act on it any more.
+func (e *execution) ending() bool { return e.cancel != nil || e.state.Finished() }
+
+// cancelWhy is the outcome corral decided to end e with, or "".
+func (e *execution) cancelWhy() api.Outcome {
+	if e.cancel == nil {
+		return ""
 	}
-	r.log.Debug().Str("exec_id", e.id).Stringer("state", e.state).Stringer("to", next).
-		Msg("transition does not apply; ignored")
+	return e.cancel.why
+}
+
+// transition moves e to next when the lifecycle allows it (api.State
+// CanMoveTo, the one table). A move to a state e has already reached or
+// passed is stale (a late timer, a duplicate event): a no-op, logged at
+// Debug. Any other move is a bug: a no-op, logged at Error with both states.
+func (r *Reactor) transition(e *execution, next api.State) bool {
+	cur := e.state
+	switch {
+	case cur.CanMoveTo(next):
+		e.prev, e.state, e.rec.State = cur, next, next
+		return true
+	case next <= cur: // states are declared in lifecycle order
+		r.log.Debug().Str("exec_id", e.id).Stringer("state", cur).Stringer("to", next).
+			Msg("transition already passed; ignored")
+	default:
+		r.log.Error().Str("exec_id", e.id).Stringer("state", cur).Stringer("to", next).
+			Msg("illegal transition; ignored")
+	}
 	return false
 }
 
@@ -85,7 +109,6 @@ func (r *Reactor) transition(e *execution, next api.State) bool {
 // pipes are watched by the loop. Timers for the wall limit and sampling start
 // here. A cancel that arrived while it was spawning is applied at once.
 func (r *Reactor) toRunning(e *execution) {
-	from := e.state
 	if !r.transition(e, api.StateRunning) {
 		return
 	}
@@ -104,34 +127,49 @@ func (r *Reactor) toRunning(e *execution) {
 		r.armSampler(e)
 	}
 	r.audit(e, "running").Int("pid", e.proc.Pid).Msg("execution running")
-	r.commit(e, from)
-	if e.pending != "" {
-		r.toCanceling(e, e.pending, e.hardKill)
+	r.commit(e)
+	if e.cancel != nil {
+		r.enterCanceling(e, *e.cancel)
 	}
 }
 
 // toCanceling: running -> canceling. corral is ending the execution: SIGTERM
-// to the whole tree, then SIGKILL after grace_ms (at once when hard). why is
-// the outcome the execution will have, whatever the child does next.
-func (r *Reactor) toCanceling(e *execution, why api.Outcome, hard bool) {
+// to the whole tree, then SIGKILL after grace_ms (at once when c.hard).
+// c.why is the outcome the execution will have, whatever the child does
+// next. The first decision wins; later ones are no-ops. On started the
+// decision is kept and toRunning applies it (or the start fails, and that
+// is the outcome).
+func (r *Reactor) toCanceling(e *execution, c cancelRequest) {
+	if e.cancel != nil {
+		r.log.Debug().Str("exec_id", e.id).Stringer("state", e.state).Str("reason", string(c.why)).
+			Str("already", string(e.cancel.why)).Msg("already being ended; ignored")
+		return
+	}
 	if e.state == api.StateStarted {
-		// Still spawning: toRunning applies it.
-		if e.pending == "" {
-			e.pending, e.hardKill = why, hard
+		e.cancel = &c
+		if c.reason != "" {
+			e.rec.CancelReason = c.reason
 		}
 		return
 	}
-	from := e.state
+	r.enterCanceling(e, c)
+}
+
+// enterCanceling makes the move of toCanceling, with c decided.
+func (r *Reactor) enterCanceling(e *execution, c cancelRequest) {
 	if !r.transition(e, api.StateCanceling) {
 		return
 	}
-	e.pending = why
+	e.cancel = &c
+	if c.reason != "" {
+		e.rec.CancelReason = c.reason
+	}
 	r.stopTimer(&e.timeout)
 	r.stopTimer(&e.idle)
 	e.rec.Deadline = nil // the grace period applies now
-	r.audit(e, "canceling").Str("reason", string(why)).Msg("execution canceling")
-	r.commit(e, from)
-	if hard || e.params.GraceMS <= 0 {
+	r.audit(e, "canceling").Str("reason", string(c.why)).Msg("execution canceling")
+	r.commit(e)
+	if c.hard || e.params.GraceMS <= 0 {
 		r.killTree(e)
 		return
 	}
@@ -152,10 +190,9 @@ type exitResult struct {
 }
 
 // toExited: started|running|canceling -> exited. The main process was reaped
-// (or never ran, or would not die). The outcome is decided here, once. The
-// rest of the tree is killed and cleanup starts.
+// (or never ran, or would not die). The outcome is decided here, once
+// (decideOutcome). The rest of the tree is killed and cleanup starts.
 func (r *Reactor) toExited(e *execution, res exitResult) {
-	from := e.state
 	if !r.transition(e, api.StateExited) {
 		return
 	}
@@ -171,39 +208,24 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	r.stopTimer(&e.sampler)
 	r.stopTimer(&e.killWait)
 
-	var outcome api.Outcome
-	var errText string
 	stats := r.stats(e)
-	switch {
-	case res.startErr != nil:
-		outcome, errText = api.OutcomeStartFailed, res.startErr.Error()
+	f := exitFacts{startErr: res.startErr, waitErr: res.err, forced: res.forced,
+		oomKills: stats.OOMKills, limits: e.params, timeoutMS: e.rec.TimeoutMS}
+	if e.cancel != nil {
+		f.cancel = e.cancel.why
+	}
+	if res.startErr != nil {
 		e.rec.StartErrno = res.errno
-	case e.pending != "":
-		outcome = e.pending
-	case stats.OOMKills > 0:
-		outcome = api.OutcomeMemoryLimit
 	}
 	if res.ps != nil {
-		ws, _ := res.ps.Sys().(syscall.WaitStatus)
-		switch {
-		case ws.Exited():
-			code := ws.ExitStatus()
+		f.status = waitStatus(res.ps)
+		if f.status.exited {
+			code := f.status.code
 			e.rec.ExitCode = &code
-			if outcome == "" {
-				outcome = api.OutcomeExited
-			}
-		case ws.Signaled():
-			sig := unix.Signal(ws.Signal())
-			name := signalName(sig)
+		}
+		if f.status.signaled {
+			name := signalName(f.status.signal)
 			e.rec.Signal = &name
-			if outcome == "" && e.params.CPUMS > 0 && (sig == unix.SIGXCPU || sig == unix.SIGKILL && rusageCPU(res.ps) >= e.params.CPUMS) {
-				// The RLIMIT_CPU backstop fired (SIGXCPU at the soft limit,
-				// SIGKILL at the hard one).
-				outcome = api.OutcomeCPULimit
-			}
-			if outcome == "" {
-				outcome = api.OutcomeSignaled
-			}
 		}
 		if ru, ok := res.ps.SysUsage().(*syscall.Rusage); ok {
 			e.rec.Usage.CPUUserMS = ru.Utime.Nano() / 1e6
@@ -211,19 +233,8 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 			e.rec.Usage.PeakMemoryBytes = ru.Maxrss * 1024
 		}
 	}
-	if res.err != nil {
-		errText = fmt.Sprintf("wait: %v", res.err)
-	}
-	if res.forced != "" {
-		errText = res.forced
-	}
-	if outcome == "" {
-		outcome = api.OutcomeSignaled
-	}
 	mergeStats(&e.rec.Usage, stats)
-	if errText == "" {
-		errText = limitError(e, outcome)
-	}
+	outcome, errText := decideOutcome(f)
 	e.rec.Outcome = &outcome
 	if errText != "" {
 		e.rec.Error = &errText
@@ -239,7 +250,7 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		ev = ev.Str("error", errText)
 	}
 	ev.Msg("execution exited")
-	r.commit(e, from)
+	r.commit(e)
 	r.startCleanup(e)
 }
 
@@ -265,10 +276,10 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 	r.audit(e, "cleaned").Msg("execution cleaned")
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
-	r.observe(e, api.StateExited, &rec)
+	r.observe(e, e.prev, &rec)
 	// The final record, with the kept output, is durable before any client
 	// hears of it; from then on the store answers for it.
-	r.persist(e, api.StateExited, rec, func(ok bool) {
+	r.persist(e, e.prev, rec, func(ok bool) {
 		r.tell(e, rec)
 		e.done = true
 		for ch := range e.waiters {
@@ -287,5 +298,3 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		// retry writes it (markDirty).
 	}, keptForStore(e)...)
 }
-
-// commit persists the transition e just made from state from and tells

@@ -199,32 +199,14 @@ var (
 	ErrClosed = errors.New("store closed")
 )
 
-// successors lists, for each state, the states a transition may move to.
-// started moves straight to exited when the child could not be started.
-var successors = map[api.State][]api.State{
-	api.StateStarted:   {api.StateRunning, api.StateExited},
-	api.StateRunning:   {api.StateCanceling, api.StateExited},
-	api.StateCanceling: {api.StateExited},
-	api.StateExited:    {api.StateCleaned},
-	api.StateCleaned:   nil, // terminal
-}
-
-// Legal reports whether a Transition from from to to is allowed: a move to a
-// successor, or an update in place of a state that is not terminal.
+// Legal reports whether a Transition from from to to is allowed: a move the
+// lifecycle allows (api.State.CanMoveTo), or an update in place of a state
+// that is not terminal.
 func Legal(from, to api.State) bool {
-	next, ok := successors[from]
-	if !ok {
-		return false
-	}
 	if from == to {
-		return !from.Terminal()
+		return from.Valid() && !from.Terminal()
 	}
-	for _, s := range next {
-		if s == to {
-			return true
-		}
-	}
-	return false
+	return from.CanMoveTo(to)
 }
 
 func checkTransition(from api.State, rec api.Record, outs []Output) error {
