@@ -334,7 +334,7 @@ func (c *conn) handle(call *call, done func([]byte)) (resp []byte, parked bool) 
 		nmu.Lock()
 		finished = true
 		nmu.Unlock()
-		if err == errParked {
+		if errors.Is(err, errParked) {
 			return nil, true
 		}
 	}

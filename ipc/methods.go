@@ -31,6 +31,28 @@ type reqContext struct {
 // reqContext.park): its answer comes through the reply function.
 var errParked = errors.New("ipc: call parked")
 
+// withParams adapts f to a handler: it decodes the params into a P
+// (bytesField names the one base64 field, for the -32602 message; "" when
+// there is none), then calls f. Every method goes through it.
+func withParams[P any](bytesField string, f func(ctx context.Context, rc *reqContext, p P) (any, error)) handler {
+	return func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
+		var p P
+		if err := decodeParams(raw, &p, bytesField); err != nil {
+			return nil, err
+		}
+		return f(ctx, rc, p)
+	}
+}
+
+// method adapts a Service method of the usual shape (the caller and one
+// params value in, one result out) to a handler, by method expression:
+// method("", Service.Get).
+func method[P, R any](bytesField string, m func(Service, context.Context, api.Owner, P) (R, error)) handler {
+	return withParams(bytesField, func(ctx context.Context, rc *reqContext, p P) (any, error) {
+		return m(rc.svc, ctx, rc.caller, p)
+	})
+}
+
 // methods is the method table. Every method answers an *api.Error's Code and
 // Message when the Service returns one, and -32603 otherwise; params that do
 // not decode answer -32602 naming the field.
@@ -38,74 +60,28 @@ var methods = map[string]handler{
 	// exec.start (api.StartParams) -> api.Record. Starts argv as the caller;
 	// a command that cannot be executed is a record with outcome
 	// "start_failed", not an error. stdin is base64.
-	"exec.start": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.StartParams
-		if err := decodeParams(raw, &p, "stdin"); err != nil {
-			return nil, err
-		}
-		return rc.svc.Start(ctx, rc.caller, p)
-	},
+	"exec.start": method("stdin", Service.Start),
 	// exec.get (api.IDParams) -> api.Record. -32001 when the id does not
 	// exist or is not the caller's.
-	"exec.get": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.IDParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
-		return rc.svc.Get(ctx, rc.caller, p)
-	},
+	"exec.get": method("", Service.Get),
 	// exec.wait (api.WaitParams) -> api.Record once cleaned, or the current
 	// record when timeout_ms passes first. Ends when the connection closes.
-	"exec.wait": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.WaitParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
-		return rc.svc.Wait(ctx, rc.caller, p)
-	},
+	"exec.wait": method("", Service.Wait),
 	// exec.cancel (api.CancelParams) -> api.Record. Idempotent: a finished
 	// execution answers its record.
-	"exec.cancel": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.CancelParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
-		return rc.svc.Cancel(ctx, rc.caller, p)
-	},
+	"exec.cancel": method("", Service.Cancel),
 	// exec.signal (api.SignalParams) -> api.Record. signal is a name such as
 	// "SIGINT"; target is "all" (default) or "main".
-	"exec.signal": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.SignalParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
-		return rc.svc.Signal(ctx, rc.caller, p)
-	},
+	"exec.signal": method("", Service.Signal),
 	// exec.write (api.WriteParams) -> api.WriteResult. Writes base64 data to
 	// the stdin of an execution started with stdin_open; close ends it.
-	"exec.write": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.WriteParams
-		if err := decodeParams(raw, &p, "data"); err != nil {
-			return nil, err
-		}
-		return rc.svc.Write(ctx, rc.caller, p)
-	},
+	"exec.write": method("data", Service.Write),
 	// exec.list (api.ListParams) -> api.ListResult: the caller's executions
 	// (all of them for root) filtered by state and labels.
-	"exec.list": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.ListParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
-		return rc.svc.List(ctx, rc.caller, p)
-	},
+	"exec.list": method("", Service.List),
 	// exec.output (api.OutputParams) -> api.OutputResult: kept output of one
 	// stream from offset; gap is true when offset fell in the dropped middle.
-	"exec.output": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.OutputParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
+	"exec.output": withParams("", func(ctx context.Context, rc *reqContext, p api.OutputParams) (any, error) {
 		// wait_ms: parked in the service (no goroutine of ours waits)
 		// while the connection has room for parked calls.
 		if w, ok := rc.svc.(OutputWaiter); ok && p.WaitMS > 0 && p.WaitMS <= api.MaxWaitMS {
@@ -121,38 +97,22 @@ var methods = map[string]handler{
 			}
 		}
 		return rc.svc.Output(ctx, rc.caller, p)
-	},
+	}),
 	// exec.update (api.UpdateParams) -> api.Record: a new wall-clock
 	// deadline, timeout_ms from now. -32602 once the execution has exited.
-	"exec.update": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.UpdateParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
-		return rc.svc.Update(ctx, rc.caller, p)
-	},
+	"exec.update": method("", Service.Update),
 	// exec.resize (api.ResizeParams) -> api.Record: sets the window size of
 	// the execution's terminal. -32602 without a terminal.
-	"exec.resize": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.ResizeParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
-		return rc.svc.Resize(ctx, rc.caller, p)
-	},
+	"exec.resize": method("", Service.Resize),
 	// exec.follow (api.FollowParams) -> api.Record when the execution is
 	// cleaned (or the connection closes). Meanwhile the connection carries
 	// exec.output, exec.state and exec.heartbeat notifications; they may be
 	// dropped when the client reads slowly (resume with exec.output from the
 	// last offset seen). Every notification accepted before the response is
 	// written before it.
-	"exec.follow": func(ctx context.Context, rc *reqContext, raw json.RawMessage) (any, error) {
-		var p api.FollowParams
-		if err := decodeParams(raw, &p, ""); err != nil {
-			return nil, err
-		}
+	"exec.follow": withParams("", func(ctx context.Context, rc *reqContext, p api.FollowParams) (any, error) {
 		return rc.svc.Follow(ctx, rc.caller, p, rc.notify)
-	},
+	}),
 	// daemon.info (no params) -> api.Info.
 	"daemon.info": func(ctx context.Context, rc *reqContext, _ json.RawMessage) (any, error) {
 		return rc.svc.Info(ctx)

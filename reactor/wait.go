@@ -9,6 +9,7 @@ package reactor
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -113,7 +114,7 @@ func (r *Reactor) OutputWait(ctx context.Context, caller api.Owner, p api.Output
 	case lerr != nil:
 		answer(api.OutputResult{}, lerr)
 	case parked:
-	case err == api.ErrNotFound:
+	case errors.Is(err, api.ErrNotFound):
 		// Only the store knows it: finished, nothing to wait for.
 		res, err = r.storedOutput(caller, p, limit)
 		answer(res, err)
