@@ -15,6 +15,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
 )
 
 // cgtBase returns a fresh base directory on this host's cgroup2 mount and
@@ -34,7 +36,7 @@ func cgtBase(t *testing.T) string {
 	}
 	base := filepath.Join(h.Cgroup2Mount, fmt.Sprintf("corral-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
 	t.Cleanup(func() {
-		if err := cgRemoveTree(base); err != nil {
+		if err := cgroupv2.Dir(base).RemoveTree(); err != nil {
 			t.Errorf("remove test base: %v", err)
 		}
 	})
@@ -60,7 +62,7 @@ func cgtCgroupOf(t *testing.T, pid int) string {
 	if err != nil {
 		t.Fatalf("read cgroup of %d: %v", pid, err)
 	}
-	own, ok := cgParseOwn(data)
+	own, ok := cgroupv2.ParseOwn(data)
 	if !ok {
 		t.Fatalf("no 0:: line in /proc/%d/cgroup: %q", pid, data)
 	}
@@ -151,7 +153,7 @@ func TestCgroupSignalReachesGrandchildren(t *testing.T) {
 		bkWaitGone(t, pid)
 	}
 	bkWaitEmpty(t, c.scope)
-	if data, err := cgRead(filepath.Join(base, "term"), "cgroup.freeze"); err != nil || strings.TrimSpace(string(data)) != "0" {
+	if data, err := cgroupv2.Dir(filepath.Join(base, "term")).Read("cgroup.freeze"); err != nil || strings.TrimSpace(string(data)) != "0" {
 		t.Errorf("cgroup.freeze after Signal = %q, %v, want 0 (thawed)", data, err)
 	}
 }
@@ -219,14 +221,14 @@ func TestCgroupLimits(t *testing.T) {
 	}
 	var want Limits
 	if b.controllers["memory"] {
-		if v, err := cgReadInt(dir, "memory.max"); err != nil || v != lim.MemoryBytes {
+		if v, err := cgroupv2.Dir(dir).ReadInt("memory.max"); err != nil || v != lim.MemoryBytes {
 			t.Errorf("memory.max = %d, %v, want %d", v, err, lim.MemoryBytes)
 		}
 	} else {
 		want.MemoryBytes = lim.MemoryBytes
 	}
 	if b.controllers["pids"] {
-		if v, err := cgReadInt(dir, "pids.max"); err != nil || v != lim.TasksMax {
+		if v, err := cgroupv2.Dir(dir).ReadInt("pids.max"); err != nil || v != lim.TasksMax {
 			t.Errorf("pids.max = %d, %v, want %d", v, err, lim.TasksMax)
 		}
 	} else {
@@ -252,7 +254,7 @@ func TestCgroupPrepareRejectsBadIDs(t *testing.T) {
 			}
 		})
 	}
-	if subs, err := cgSubdirs(base); err != nil || len(subs) != 0 {
+	if subs, err := cgroupv2.Dir(base).Children(); err != nil || len(subs) != 0 {
 		t.Errorf("base holds %v, %v after rejected Prepares, want nothing", subs, err)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
 )
 
 // Detect describes the host. It only reads kernel state (mountinfo,
@@ -12,14 +14,14 @@ import (
 func Detect() Host {
 	var h Host
 	if data, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		mounts := cgParseMountinfo(data)
-		h.CgroupMode = cgModeOf(mounts)
-		if m, ok := cgPickCgroup2(mounts); ok {
+		mounts := cgroupv2.ParseMountinfo(data)
+		h.CgroupMode = cgroupv2.Mode(mounts)
+		if m, ok := cgroupv2.FindUnified(mounts); ok {
 			h.Cgroup2Mount = m.Point
 		}
 	}
 	if data, err := os.ReadFile("/proc/self/cgroup"); err == nil {
-		if own, ok := cgParseOwn(data); ok {
+		if own, ok := cgroupv2.ParseOwn(data); ok {
 			h.OwnCgroup = own
 		}
 	}

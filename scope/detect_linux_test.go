@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
 )
 
 func TestDetect(t *testing.T) {
@@ -17,7 +19,7 @@ func TestDetect(t *testing.T) {
 	if want := unix.ByteSliceToString(uts.Release[:]); h.Kernel != want {
 		t.Errorf("Kernel = %q, want %q", h.Kernel, want)
 	}
-	if h.Cgroup2Mount != "" && !cgIsCgroup2(h.Cgroup2Mount) {
+	if h.Cgroup2Mount != "" && !cgroupv2.IsCgroup2(h.Cgroup2Mount) {
 		t.Errorf("Cgroup2Mount = %q, not a cgroup2 filesystem", h.Cgroup2Mount)
 	}
 	switch h.CgroupMode {

@@ -145,7 +145,7 @@ func bkWaitEmpty(t *testing.T, sc Scope) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := cgWaitEmpty(ctx, sc); err != nil {
+	if err := waitEmpty(ctx, sc); err != nil {
 		t.Fatalf("scope %s not empty: %v", sc.Name(), err)
 	}
 }

@@ -5,111 +5,83 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path"
-	"path/filepath"
-	"strconv"
 	"strings"
 
+	"github.com/corral-dev/corral/scope/cgroupv2"
 	"golang.org/x/sys/unix"
 )
 
 // The systemd backend reads a scope's cgroups directly (cheap, and works
-// while D-Bus is down). Names here start with "sd" so they cannot clash with
-// the cgroup backend's "cg" helpers, some of which are reused.
+// while D-Bus is down): the unified (cgroup2) directory through
+// cgroupv2.Dir, as the cgroup backend does, and on hybrid and legacy hosts
+// the v1 hierarchies systemd also places a unit in.
 
-// sdLayout is where the cgroup hierarchies the systemd backend reads are
-// mounted. An empty field means that hierarchy is not mounted.
-type sdLayout struct {
+// hierarchies is where the cgroup hierarchies the systemd backend reads are
+// mounted. A zero Mount means that hierarchy is not mounted.
+type hierarchies struct {
 	// Unified is the cgroup2 mount: /sys/fs/cgroup on a pure v2 host,
 	// /sys/fs/cgroup/unified on a hybrid one. systemd keeps every unit's
 	// processes there in both layouts, so cgroup.kill and cgroup.events work.
-	Unified sdMount
+	Unified cgroupv2.Mount
 	// V1 controller and named hierarchies (hybrid and legacy hosts).
-	Systemd sdMount // name=systemd: process tracking on a legacy host
-	CPUAcct sdMount
-	Memory  sdMount
-	Pids    sdMount
+	Systemd cgroupv2.Mount // name=systemd: process tracking on a legacy host
+	CPUAcct cgroupv2.Mount
+	Memory  cgroupv2.Mount
+	Pids    cgroupv2.Mount
 }
 
-// sdMount is one cgroup mount: Point shows the cgroup Root of its
-// filesystem (usually "/").
-type sdMount struct {
-	Point string
-	Root  string
-}
-
-// dir returns the directory of cgroup cg (a path as systemd's ControlGroup
-// property gives it) in this mount, or "" if the mount is absent or cg lies
-// outside what it shows.
-func (m sdMount) dir(cg string) string {
-	if m.Point == "" {
-		return ""
+// parseHierarchies finds the hierarchies in a /proc/self/mountinfo text.
+// Only each mount's Point and Root are kept.
+func parseHierarchies(mountinfo []byte) hierarchies {
+	var h hierarchies
+	mounts := cgroupv2.ParseMountinfo(mountinfo)
+	if m, ok := cgroupv2.FindUnified(mounts); ok {
+		h.Unified = cgroupv2.Mount{Point: m.Point, Root: m.Root}
 	}
-	cg = path.Clean("/" + cg)
-	root := path.Clean("/" + m.Root)
-	rel, ok := strings.CutPrefix(cg, root)
-	if root == "/" {
-		rel, ok = cg, true
-	}
-	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
-		return ""
-	}
-	return filepath.Join(m.Point, rel)
-}
-
-// sdParseLayout finds the hierarchies in a /proc/self/mountinfo text.
-func sdParseLayout(mountinfo []byte) sdLayout {
-	var l sdLayout
-	for _, mnt := range cgParseMountinfo(mountinfo) {
-		m := sdMount{Point: mnt.Point, Root: mnt.Root}
-		switch mnt.FSType {
-		case "cgroup2":
-			// Prefer the conventional places; else the first one seen.
-			if l.Unified.Point == "" || m.Point == "/sys/fs/cgroup" ||
-				(m.Point == "/sys/fs/cgroup/unified" && l.Unified.Point != "/sys/fs/cgroup") {
-				l.Unified = m
-			}
-		case "cgroup":
-			for _, opt := range strings.Split(mnt.SuperOpts, ",") {
-				switch opt {
-				case "name=systemd":
-					l.Systemd = sdFirst(l.Systemd, m)
-				case "cpuacct":
-					l.CPUAcct = sdFirst(l.CPUAcct, m)
-				case "memory":
-					l.Memory = sdFirst(l.Memory, m)
-				case "pids":
-					l.Pids = sdFirst(l.Pids, m)
-				}
+	for _, mnt := range mounts {
+		if mnt.FSType != "cgroup" {
+			continue
+		}
+		m := cgroupv2.Mount{Point: mnt.Point, Root: mnt.Root}
+		for _, opt := range strings.Split(mnt.SuperOpts, ",") {
+			switch opt {
+			case "name=systemd":
+				firstMount(&h.Systemd, m)
+			case "cpuacct":
+				firstMount(&h.CPUAcct, m)
+			case "memory":
+				firstMount(&h.Memory, m)
+			case "pids":
+				firstMount(&h.Pids, m)
 			}
 		}
 	}
-	return l
+	return h
 }
 
-func sdFirst(have, m sdMount) sdMount {
-	if have.Point != "" {
-		return have
+// firstMount sets *have to m unless a mount was already found.
+func firstMount(have *cgroupv2.Mount, m cgroupv2.Mount) {
+	if have.Point == "" {
+		*have = m
 	}
-	return m
 }
 
-// sdReadLayout reads this process's mountinfo.
-func sdReadLayout() (sdLayout, error) {
+// readHierarchies reads this process's mountinfo.
+func readHierarchies() (hierarchies, error) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return sdLayout{}, fmt.Errorf("read mountinfo: %w", err)
+		return hierarchies{}, fmt.Errorf("read mountinfo: %w", err)
 	}
-	l := sdParseLayout(data)
-	if l.Unified.Point == "" && l.Systemd.Point == "" {
-		return l, errors.New("no cgroup2 or name=systemd hierarchy mounted")
+	h := parseHierarchies(data)
+	if h.Unified.Point == "" && h.Systemd.Point == "" {
+		return h, errors.New("no cgroup2 or name=systemd hierarchy mounted")
 	}
-	return l, nil
+	return h, nil
 }
 
-// sdPaths are one scope's cgroup directories; "" where the hierarchy is not
-// mounted.
-type sdPaths struct {
+// unitCgroups are one scope's cgroup directories; "" where the hierarchy is
+// not mounted.
+type unitCgroups struct {
 	Unified string // cgroup2 directory (pure v2 or hybrid)
 	Systemd string // v1 name=systemd directory
 	CPUAcct string
@@ -117,130 +89,80 @@ type sdPaths struct {
 	Pids    string
 }
 
-func (l sdLayout) paths(cg string) sdPaths {
-	return sdPaths{
-		Unified: l.Unified.dir(cg),
-		Systemd: l.Systemd.dir(cg),
-		CPUAcct: l.CPUAcct.dir(cg),
-		Memory:  l.Memory.dir(cg),
-		Pids:    l.Pids.dir(cg),
+// cgroupsOf returns the directories of systemd cgroup cg (a path as the
+// ControlGroup property gives it) in each hierarchy.
+func (h hierarchies) cgroupsOf(cg string) unitCgroups {
+	dir := func(m cgroupv2.Mount) string {
+		d, err := m.Dir(cg)
+		if err != nil {
+			return ""
+		}
+		return d
+	}
+	return unitCgroups{
+		Unified: dir(h.Unified),
+		Systemd: dir(h.Systemd),
+		CPUAcct: dir(h.CPUAcct),
+		Memory:  dir(h.Memory),
+		Pids:    dir(h.Pids),
 	}
 }
 
 // procsDir is where the scope's member list lives: the cgroup2 directory
 // when there is one, else the name=systemd one.
-func (p sdPaths) procsDir() string {
+func (p unitCgroups) procsDir() string {
 	if p.Unified != "" {
 		return p.Unified
 	}
 	return p.Systemd
 }
 
-// kill SIGKILLs every process of the scope without D-Bus. It returns
-// handled=false when it could not reach the cgroup at all.
-func (p sdPaths) kill() (handled bool, err error) {
-	if p.Unified != "" {
-		// cgroup.kill (Linux 5.14) kills the whole subtree atomically: no
-		// fork can escape it, unlike a walk over cgroup.procs.
-		err := cgWrite(p.Unified, "cgroup.kill", "1")
-		switch {
-		case err == nil:
-			return true, nil
-		case sdGone(err) && !sdExists(p.Unified):
-			return true, nil // scope gone: nothing left to kill
-		}
-		// cgroup.kill missing (old kernel): walk the procs below.
-	}
-	dir := p.procsDir()
-	if dir == "" {
-		return false, nil
-	}
-	if !sdExists(dir) {
-		return true, nil
-	}
-	return true, sdSignalTree(dir, unix.SIGKILL)
+// exists reports whether the scope's member list still exists (systemd
+// prunes the cgroup once the unit stops).
+func (p unitCgroups) exists() bool {
+	return p.procsDir() != "" && cgroupv2.Dir(p.procsDir()).Exists()
 }
 
-// sdSignalTree sends sig to every process listed in dir's cgroup.procs
-// and its child cgroups, a few rounds so that fresh forks are caught too.
-// Without a freezer this is best effort against a fork bomb; cgroup.kill
-// is the real answer where the kernel has it.
-func sdSignalTree(dir string, sig unix.Signal) error {
-	const rounds = 5
-	for range rounds {
-		found := 0
-		err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-			if err != nil {
-				if sdGone(err) {
-					return nil
-				}
-				return err
-			}
-			if !d.IsDir() {
-				return nil
-			}
-			data, err := cgRead(p, "cgroup.procs")
-			if err != nil {
-				if sdGone(err) {
-					return nil
-				}
-				return err
-			}
-			for _, f := range strings.Fields(string(data)) {
-				pid, err := strconv.Atoi(f)
-				if err != nil || pid <= 0 {
-					continue
-				}
-				found++
-				if err := unix.Kill(pid, sig); err != nil && err != unix.ESRCH {
-					return fmt.Errorf("kill %d: %w", pid, err)
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("signal processes of %s: %w", dir, err)
-		}
-		if found == 0 || sig != unix.SIGKILL {
-			return nil
-		}
+// kill SIGKILLs every process of the scope without D-Bus: cgroup.kill on the
+// unified directory, else a signal to every process listed in the
+// name=systemd one. It returns handled=false when it could not reach the
+// cgroup at all.
+func (p unitCgroups) kill() (handled bool, err error) {
+	if p.Unified != "" {
+		return true, cgroupv2.Dir(p.Unified).Kill()
+	}
+	if p.Systemd == "" {
+		return false, nil
+	}
+	return true, cgroupv2.Dir(p.Systemd).Signal(unix.SIGKILL)
+}
+
+// signal sends sig to every process of the scope without D-Bus.
+func (p unitCgroups) signal(sig unix.Signal) error {
+	if dir := p.procsDir(); dir != "" {
+		return cgroupv2.Dir(dir).Signal(sig)
 	}
 	return nil
 }
 
 // empty reports whether no process is left. A directory that is gone (the
 // unit stopped and systemd pruned it) is empty.
-func (p sdPaths) empty() (bool, error) {
+func (p unitCgroups) empty() (bool, error) {
 	if p.Unified != "" {
-		data, err := cgRead(p.Unified, "cgroup.events")
-		if sdGone(err) {
-			return true, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("read cgroup.events: %w", err)
-		}
-		n, ok := cgKeyed(data, "populated")
-		if !ok {
-			return false, fmt.Errorf("parse %s/cgroup.events: no populated line", p.Unified)
-		}
-		return n == 0, nil
+		return cgroupv2.Dir(p.Unified).Empty()
 	}
 	if p.Systemd == "" {
 		return false, errors.New("no cgroup hierarchy to look at")
 	}
+	// A v1 hierarchy has no cgroup.events: any pid listed below means a
+	// process is left.
 	populated := false
-	err := filepath.WalkDir(p.Systemd, func(q string, d os.DirEntry, err error) error {
-		if err != nil {
-			if sdGone(err) {
-				return nil
-			}
-			return err
-		}
-		if !d.IsDir() || populated {
+	err := cgroupv2.Dir(p.Systemd).Walk(func(d cgroupv2.Dir) error {
+		if populated {
 			return nil
 		}
-		data, err := cgRead(q, "cgroup.procs")
-		if sdGone(err) {
+		data, err := d.Read("cgroup.procs")
+		if cgroupv2.Gone(err) {
 			return nil
 		}
 		if err != nil {
@@ -255,93 +177,52 @@ func (p sdPaths) empty() (bool, error) {
 	return !populated, nil
 }
 
-// stats reads what the kernel keeps for the scope; fields it cannot read are
-// Unknown.
-func (p sdPaths) stats() Stats {
-	st := Stats{
-		CPUUsageNS: Unknown, CPUUserNS: Unknown, CPUSystemNS: Unknown,
-		MemoryPeak: Unknown, TasksPeak: Unknown, Tasks: Unknown, OOMKills: Unknown,
-	}
-	// CPU: cgroup2's cpu.stat exists in every cgroup2 directory (also on a
-	// hybrid host, without the cpu controller); cpuacct is the v1 fallback.
-	if data, err := sdReadIn(p.Unified, "cpu.stat"); err == nil {
-		if v, ok := cgKeyed(data, "usage_usec"); ok {
-			st.CPUUsageNS = v * 1000
-		}
-		if v, ok := cgKeyed(data, "user_usec"); ok {
-			st.CPUUserNS = v * 1000
-		}
-		if v, ok := cgKeyed(data, "system_usec"); ok {
-			st.CPUSystemNS = v * 1000
-		}
-	} else if p.CPUAcct != "" {
-		st.CPUUsageNS = sdInt(p.CPUAcct, "cpuacct.usage")
-		st.CPUUserNS = sdInt(p.CPUAcct, "cpuacct.usage_user")
-		st.CPUSystemNS = sdInt(p.CPUAcct, "cpuacct.usage_sys")
-	}
-	// Memory: the v2 memory controller when it is enabled for the scope,
-	// else v1's.
-	if v := sdInt(p.Unified, "memory.peak"); v != Unknown {
-		st.MemoryPeak = v
-	} else if p.Memory != "" {
-		st.MemoryPeak = sdInt(p.Memory, "memory.max_usage_in_bytes")
-	}
-	if data, err := sdReadIn(p.Unified, "memory.events"); err == nil {
-		if v, ok := cgKeyed(data, "oom_kill"); ok {
-			st.OOMKills = v
-		}
-	} else if data, err := sdReadIn(p.Memory, "memory.oom_control"); err == nil {
-		if v, ok := cgKeyed(data, "oom_kill"); ok {
-			st.OOMKills = v
+// stats reads what the kernel keeps for the scope: the unified directory's
+// counters, and for each the v1 hierarchy's where the unified one has none
+// (no such controller on a hybrid host). Fields it cannot read are Unknown.
+func (p unitCgroups) stats() Stats {
+	st := unknownStats()
+	if p.Unified != "" {
+		if cs, err := cgroupv2.Dir(p.Unified).Stats(); err == nil {
+			st = Stats(cs)
 		}
 	}
-	// Tasks: v2 pids when enabled, else v1 pids.
-	if v := sdInt(p.Unified, "pids.current"); v != Unknown {
-		st.Tasks = v
-		st.TasksPeak = sdInt(p.Unified, "pids.peak")
-	} else if p.Pids != "" {
-		st.Tasks = sdInt(p.Pids, "pids.current")
-		st.TasksPeak = sdInt(p.Pids, "pids.peak") // Linux 6.13+ on v1 too
+	if st.CPUUsageNS == Unknown && p.CPUAcct != "" {
+		st.CPUUsageNS = v1Count(p.CPUAcct, "cpuacct.usage")
+		st.CPUUserNS = v1Count(p.CPUAcct, "cpuacct.usage_user")
+		st.CPUSystemNS = v1Count(p.CPUAcct, "cpuacct.usage_sys")
+	}
+	if st.MemoryPeak == Unknown && p.Memory != "" {
+		st.MemoryPeak = v1Count(p.Memory, "memory.max_usage_in_bytes")
+	}
+	if st.OOMKills == Unknown && p.Memory != "" {
+		if data, err := cgroupv2.Dir(p.Memory).Read("memory.oom_control"); err == nil {
+			if v, ok := cgroupv2.Keyed(data, "oom_kill"); ok {
+				st.OOMKills = v
+			}
+		}
+	}
+	if st.Tasks == Unknown && p.Pids != "" {
+		st.Tasks = v1Count(p.Pids, "pids.current")
+		st.TasksPeak = v1Count(p.Pids, "pids.peak") // Linux 6.13+ on v1 too
 	}
 	return st
 }
 
-// sdReadIn reads file in dir; dir "" reads as not existing.
-func sdReadIn(dir, file string) ([]byte, error) {
-	if dir == "" {
-		return nil, os.ErrNotExist
-	}
-	return cgRead(dir, file)
-}
-
-// sdInt reads a one-number file, Unknown when it cannot.
-func sdInt(dir, file string) int64 {
-	if dir == "" {
-		return Unknown
-	}
-	v, err := cgReadInt(dir, file)
+// v1Count reads a one-number file of a v1 directory, Unknown when it cannot.
+func v1Count(dir, file string) int64 {
+	v, err := cgroupv2.Dir(dir).ReadInt(file)
 	if err != nil || v < 0 {
 		return Unknown
 	}
 	return v
 }
 
-// sdGone reports whether err means the cgroup file is gone: ENOENT once
-// the directory is removed, ENODEV while it is being removed.
-func sdGone(err error) bool {
-	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV)
-}
-
-func sdExists(dir string) bool {
-	_, err := os.Stat(dir)
-	return err == nil
-}
-
-// sdMerge combines a fresh reading with the last one: counters that only grow
-// (CPU, peaks, OOM kills) keep the highest value seen, and a field the fresh
-// reading lacks (the cgroup was pruned once the scope emptied) keeps the
-// last value. Tasks reads 0 when the cgroup is gone.
-func sdMerge(last, now Stats, gone bool) Stats {
+// mergeStats combines a fresh reading with the last one: counters that only
+// grow (CPU, peaks, OOM kills) keep the highest value seen, and a field the
+// fresh reading lacks (the cgroup was pruned once the scope emptied) keeps
+// the last value. Tasks reads 0 when the cgroup is gone.
+func mergeStats(last, now Stats, gone bool) Stats {
 	mx := func(a, b int64) int64 { return max(a, b) } // Unknown (-1) loses to any reading
 	out := Stats{
 		CPUUsageNS:  mx(last.CPUUsageNS, now.CPUUsageNS),

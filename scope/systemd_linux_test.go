@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
 )
 
 const hybridMountinfo = `25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
@@ -25,52 +27,32 @@ const v2Mountinfo = `25 30 0:23 / /sys rw shared:7 - sysfs sysfs rw
 40 26 0:24 /some/where /mnt/other\040dir rw shared:9 - cgroup2 cgroup2 rw
 `
 
-func TestSdParseLayout(t *testing.T) {
+func TestParseHierarchies(t *testing.T) {
 	tests := []struct {
 		name string
 		in   string
-		want sdLayout
+		want hierarchies
 	}{
-		{"hybrid", hybridMountinfo, sdLayout{
-			Unified: sdMount{"/sys/fs/cgroup/unified", "/"},
-			Systemd: sdMount{"/sys/fs/cgroup/systemd", "/"},
-			CPUAcct: sdMount{"/sys/fs/cgroup/cpu,cpuacct", "/"},
-			Memory:  sdMount{"/sys/fs/cgroup/memory", "/"},
-			Pids:    sdMount{"/sys/fs/cgroup/pids", "/"},
+		{"hybrid", hybridMountinfo, hierarchies{
+			Unified: cgroupv2.Mount{Point: "/sys/fs/cgroup/unified", Root: "/"},
+			Systemd: cgroupv2.Mount{Point: "/sys/fs/cgroup/systemd", Root: "/"},
+			CPUAcct: cgroupv2.Mount{Point: "/sys/fs/cgroup/cpu,cpuacct", Root: "/"},
+			Memory:  cgroupv2.Mount{Point: "/sys/fs/cgroup/memory", Root: "/"},
+			Pids:    cgroupv2.Mount{Point: "/sys/fs/cgroup/pids", Root: "/"},
 		}},
-		{"v2 prefers /sys/fs/cgroup", v2Mountinfo, sdLayout{Unified: sdMount{"/sys/fs/cgroup", "/"}}},
-		{"nothing", "garbage line\n", sdLayout{}},
+		{"v2 prefers /sys/fs/cgroup", v2Mountinfo, hierarchies{Unified: cgroupv2.Mount{Point: "/sys/fs/cgroup", Root: "/"}}},
+		{"nothing", "garbage line\n", hierarchies{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := sdParseLayout([]byte(tt.in)); got != tt.want {
-				t.Errorf("sdParseLayout = %+v, want %+v", got, tt.want)
+			if got := parseHierarchies([]byte(tt.in)); got != tt.want {
+				t.Errorf("parseHierarchies = %+v, want %+v", got, tt.want)
 			}
 		})
 	}
 }
 
-func TestSdMountDir(t *testing.T) {
-	tests := []struct {
-		m    sdMount
-		cg   string
-		want string
-	}{
-		{sdMount{"/sys/fs/cgroup", "/"}, "/corral.slice/corral-x.scope", "/sys/fs/cgroup/corral.slice/corral-x.scope"},
-		{sdMount{"/sys/fs/cgroup/memory", "/"}, "corral.slice/corral-x.scope", "/sys/fs/cgroup/memory/corral.slice/corral-x.scope"},
-		{sdMount{"/mnt/cg", "/outer"}, "/outer/corral.slice/a.scope", "/mnt/cg/corral.slice/a.scope"},
-		{sdMount{"/mnt/cg", "/outer"}, "/outerx/a.scope", ""}, // not below the mount's root
-		{sdMount{"/mnt/cg", "/outer"}, "/other/a.scope", ""},
-		{sdMount{}, "/corral.slice/a.scope", ""},
-	}
-	for _, tt := range tests {
-		if got := tt.m.dir(tt.cg); got != tt.want {
-			t.Errorf("%+v.dir(%q) = %q, want %q", tt.m, tt.cg, got, tt.want)
-		}
-	}
-}
-
-func TestSdUnitName(t *testing.T) {
+func TestUnitName(t *testing.T) {
 	tests := []struct {
 		id      string
 		want    string
@@ -85,18 +67,18 @@ func TestSdUnitName(t *testing.T) {
 		{strings.Repeat("x", 250), "", true},
 	}
 	for _, tt := range tests {
-		got, err := sdUnitName(tt.id)
+		got, err := unitName(tt.id)
 		if got != tt.want || (err != nil) != tt.wantErr {
-			t.Errorf("sdUnitName(%q) = %q, %v; want %q, error %v", tt.id, got, err, tt.want, tt.wantErr)
+			t.Errorf("unitName(%q) = %q, %v; want %q, error %v", tt.id, got, err, tt.want, tt.wantErr)
 		}
 	}
 }
 
-func TestSdDescription(t *testing.T) {
-	if got, want := sdDescription("x", []string{"sh", "-c", "true"}), "corral x: sh -c true"; got != want {
-		t.Errorf("sdDescription = %q, want %q", got, want)
+func TestUnitDescription(t *testing.T) {
+	if got, want := unitDescription("x", []string{"sh", "-c", "true"}), "corral x: sh -c true"; got != want {
+		t.Errorf("unitDescription = %q, want %q", got, want)
 	}
-	long := sdDescription("x", []string{strings.Repeat("é", 300)})
+	long := unitDescription("x", []string{strings.Repeat("é", 300)})
 	if len(long) > 203 || !strings.HasSuffix(long, "...") || !strings.HasPrefix(long, "corral x: éé") {
 		t.Errorf("long description = %q (%d bytes), want it cut near 200 bytes with ...", long, len(long))
 	}
@@ -118,7 +100,7 @@ func writeFiles(t *testing.T, dir string, files map[string]string) {
 	}
 }
 
-func TestSdPathsStatsV2(t *testing.T) {
+func TestUnitCgroupsStatsV2(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "corral-x.scope")
 	writeFiles(t, dir, map[string]string{
 		"cpu.stat":       "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\nnr_periods 0\n",
@@ -130,7 +112,7 @@ func TestSdPathsStatsV2(t *testing.T) {
 		"cgroup.procs":   "",
 		"memory.current": "1024\n",
 	})
-	p := sdPaths{Unified: dir}
+	p := unitCgroups{Unified: dir}
 	want := Stats{CPUUsageNS: 1500000, CPUUserNS: 1000000, CPUSystemNS: 500000, MemoryPeak: 4096, TasksPeak: 7, Tasks: 3, OOMKills: 2}
 	if got := p.stats(); got != want {
 		t.Errorf("stats = %+v, want %+v", got, want)
@@ -142,14 +124,14 @@ func TestSdPathsStatsV2(t *testing.T) {
 	if empty, err := p.empty(); !empty || err != nil {
 		t.Errorf("empty = %v, %v; want true (populated 0)", empty, err)
 	}
-	if empty, err := (sdPaths{Unified: dir + "-gone"}).empty(); !empty || err != nil {
+	if empty, err := (unitCgroups{Unified: dir + "-gone"}).empty(); !empty || err != nil {
 		t.Errorf("empty of a pruned cgroup = %v, %v; want true", empty, err)
 	}
 }
 
-func TestSdPathsStatsHybrid(t *testing.T) {
+func TestUnitCgroupsStatsHybrid(t *testing.T) {
 	root := t.TempDir()
-	p := sdPaths{
+	p := unitCgroups{
 		Unified: filepath.Join(root, "unified", "s"),
 		Systemd: filepath.Join(root, "systemd", "s"),
 		CPUAcct: filepath.Join(root, "cpuacct", "s"),
@@ -172,9 +154,9 @@ func TestSdPathsStatsHybrid(t *testing.T) {
 	}
 }
 
-func TestSdPathsEmptyLegacy(t *testing.T) {
+func TestUnitCgroupsEmptyLegacy(t *testing.T) {
 	root := t.TempDir()
-	p := sdPaths{Systemd: filepath.Join(root, "s")}
+	p := unitCgroups{Systemd: filepath.Join(root, "s")}
 	writeFiles(t, p.Systemd, map[string]string{"cgroup.procs": ""})
 	writeFiles(t, filepath.Join(p.Systemd, "child"), map[string]string{"cgroup.procs": "123\n"})
 	if empty, err := p.empty(); empty || err != nil {
@@ -186,7 +168,7 @@ func TestSdPathsEmptyLegacy(t *testing.T) {
 	}
 }
 
-func TestSdMerge(t *testing.T) {
+func TestMergeStats(t *testing.T) {
 	last := Stats{CPUUsageNS: 100, CPUUserNS: 60, CPUSystemNS: 40, MemoryPeak: 50, TasksPeak: 5, Tasks: 5, OOMKills: 1}
 	tests := []struct {
 		name string
@@ -200,14 +182,14 @@ func TestSdMerge(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := sdMerge(last, tt.now, tt.gone); got != tt.want {
-				t.Errorf("sdMerge = %+v, want %+v", got, tt.want)
+			if got := mergeStats(last, tt.now, tt.gone); got != tt.want {
+				t.Errorf("mergeStats = %+v, want %+v", got, tt.want)
 			}
 		})
 	}
 }
 
-func TestSdOOMCount(t *testing.T) {
+func TestV1OOMCount(t *testing.T) {
 	type step struct {
 		n      uint64
 		exists bool
@@ -227,7 +209,7 @@ func TestSdOOMCount(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var o sdOOM
+			var o v1OOM
 			var amb bool
 			for _, s := range tt.steps {
 				amb = o.countLocked(s.n, s.exists)
@@ -239,7 +221,7 @@ func TestSdOOMCount(t *testing.T) {
 	}
 }
 
-func TestSdOOMDrain(t *testing.T) {
+func TestV1OOMDrain(t *testing.T) {
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +238,7 @@ func TestSdOOMDrain(t *testing.T) {
 
 	// A lone signal with the cgroup gone, and nothing else within the
 	// wait: settled as the removal, and never waited for again.
-	o := &sdOOM{fd: efd}
+	o := &v1OOM{fd: efd}
 	signal()
 	start := time.Now()
 	o.drainLocked(gone, 50*time.Millisecond)
@@ -274,7 +256,7 @@ func TestSdOOMDrain(t *testing.T) {
 	}
 
 	// OOM signal and then the removal's, arriving during the wait.
-	o = &sdOOM{fd: efd}
+	o = &v1OOM{fd: efd}
 	signal()
 	go func() { time.Sleep(10 * time.Millisecond); signal() }()
 	o.drainLocked(gone, 2*time.Second)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/scope/cgroupv2"
 	"golang.org/x/sys/unix"
 )
 
@@ -26,20 +27,20 @@ import (
 //     kernel signals it synchronously when the memcg runs out of memory,
 //     before it kills, and once more when the cgroup is removed.
 //
-// sdWatch is owned by its scope: started once in Started, stopped once in
+// cgroupWatch is owned by its scope: started once in Started, stopped once in
 // Remove (or when Started fails). Its goroutines only call the scope's
 // locked methods.
-type sdWatch struct {
+type cgroupWatch struct {
 	files []*os.File
 	wg    sync.WaitGroup
 }
 
 // startWatch starts watching p for s. Failures only cost accuracy; they are
 // logged.
-func (s *systemdScope) startWatch(p sdPaths) *sdWatch {
-	w := &sdWatch{}
+func (s *systemdScope) startWatch(p unitCgroups) *cgroupWatch {
+	w := &cgroupWatch{}
 	if p.Unified != "" {
-		if f, err := sdInotify(p.Unified, "cgroup.events", "memory.events"); err == nil {
+		if f, err := cgroupv2.Dir(p.Unified).Watch("cgroup.events", "memory.events"); err == nil {
 			w.run(f, 4096, func([]byte) bool { return s.refreshStats() })
 		} else {
 			s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot watch cgroup.events")
@@ -53,8 +54,8 @@ func (s *systemdScope) startWatch(p sdPaths) *sdWatch {
 
 // watchOOM registers for the v1 memory cgroup's OOM notifications, which
 // only a scope with a memory limit needs.
-func (s *systemdScope) watchOOM(w *sdWatch, p sdPaths) {
-	o, err := sdOOMEventfd(p.Memory)
+func (s *systemdScope) watchOOM(w *cgroupWatch, p unitCgroups) {
+	o, err := openV1OOM(p.Memory)
 	if err != nil {
 		s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot register for v1 OOM notifications")
 		return
@@ -68,7 +69,7 @@ func (s *systemdScope) watchOOM(w *sdWatch, p sdPaths) {
 // run reads f (non-blocking, so Close unblocks the read) until it is
 // closed or fn returns false (the cgroup is gone: nothing more to see),
 // calling fn with each read. stop closes f either way.
-func (w *sdWatch) run(f *os.File, size int, fn func([]byte) bool) {
+func (w *cgroupWatch) run(f *os.File, size int, fn func([]byte) bool) {
 	w.files = append(w.files, f)
 	w.wg.Add(1)
 	go func() {
@@ -83,7 +84,7 @@ func (w *sdWatch) run(f *os.File, size int, fn func([]byte) bool) {
 	}()
 }
 
-// sdOOM is the accounting of a v1 OOM eventfd. The kernel signals the
+// v1OOM is the accounting of a v1 OOM eventfd. The kernel signals the
 // eventfd once per OOM, before killing, and once more when the cgroup is
 // removed (asynchronously, after the rmdir, so after every OOM signal).
 // Hence: signals read while the cgroup still exists are all OOMs; two or
@@ -91,7 +92,7 @@ func (w *sdWatch) run(f *os.File, size int, fn func([]byte) bool) {
 // read once it is gone is ambiguous until the next signal (the removal's,
 // if the lone one was an OOM) or a short wait settles it. Both the watcher
 // goroutine and Stats read the eventfd; the scope's mu guards this struct.
-type sdOOM struct {
+type v1OOM struct {
 	fd      int // the eventfd, non-blocking; owned by file
 	file    *os.File
 	total   uint64 // signals read so far
@@ -102,7 +103,7 @@ type sdOOM struct {
 // countLocked adds n signals read just now; exists is whether the memory
 // cgroup still existed after the read. It reports whether the count is
 // still ambiguous.
-func (o *sdOOM) countLocked(n uint64, exists bool) (ambiguous bool) {
+func (o *v1OOM) countLocked(n uint64, exists bool) (ambiguous bool) {
 	o.total += n
 	if o.total > 0 && (exists || o.total >= 2) {
 		o.certain = true
@@ -112,15 +113,15 @@ func (o *sdOOM) countLocked(n uint64, exists bool) (ambiguous bool) {
 
 // drainLocked reads what is pending without blocking; when that leaves the
 // count ambiguous it waits up to wait for the settling signal.
-func (o *sdOOM) drainLocked(memDir string, wait time.Duration) {
+func (o *v1OOM) drainLocked(memDir string, wait time.Duration) {
 	var buf [8]byte
 	read := func() {
 		if n, err := unix.Read(o.fd, buf[:]); err == nil && n == 8 {
-			o.countLocked(binary.NativeEndian.Uint64(buf[:]), sdExists(memDir))
+			o.countLocked(binary.NativeEndian.Uint64(buf[:]), cgroupv2.Dir(memDir).Exists())
 		}
 	}
 	read()
-	if o.countLocked(0, sdExists(memDir)) {
+	if o.countLocked(0, cgroupv2.Dir(memDir).Exists()) {
 		fds := []unix.PollFd{{Fd: int32(o.fd), Events: unix.POLLIN}}
 		if n, _ := unix.Poll(fds, int(wait.Milliseconds())); n > 0 {
 			read()
@@ -133,7 +134,7 @@ func (o *sdOOM) drainLocked(memDir string, wait time.Duration) {
 
 // runOOM reads the OOM eventfd in the background, so an OOM is seen while
 // the cgroup still exists even when nobody calls Stats.
-func (w *sdWatch) runOOM(o *sdOOM, s *systemdScope) {
+func (w *cgroupWatch) runOOM(o *v1OOM, s *systemdScope) {
 	w.files = append(w.files, o.file)
 	w.wg.Add(1)
 	go func() {
@@ -145,7 +146,7 @@ func (w *sdWatch) runOOM(o *sdOOM, s *systemdScope) {
 			}
 			n := binary.NativeEndian.Uint64(buf[:])
 			s.mu.Lock()
-			exists := sdExists(s.paths.Memory)
+			exists := cgroupv2.Dir(s.paths.Memory).Exists()
 			ambiguous := o.countLocked(n, exists)
 			s.readStatsLocked()
 			s.mu.Unlock()
@@ -160,7 +161,7 @@ func (w *sdWatch) runOOM(o *sdOOM, s *systemdScope) {
 }
 
 // stop closes the watcher's fds and waits for its goroutines. Idempotent.
-func (w *sdWatch) stop() {
+func (w *cgroupWatch) stop() {
 	if w == nil {
 		return
 	}
@@ -171,27 +172,9 @@ func (w *sdWatch) stop() {
 	w.wg.Wait()
 }
 
-// sdInotify returns a non-blocking inotify file watching the named files of
-// dir that exist (at least the first must).
-func sdInotify(dir string, names ...string) (*os.File, error) {
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		return nil, os.NewSyscallError("inotify_init1", err)
-	}
-	for i, name := range names {
-		if _, err := unix.InotifyAddWatch(fd, filepath.Join(dir, name), unix.IN_MODIFY); err != nil {
-			if i == 0 {
-				unix.Close(fd)
-				return nil, fmt.Errorf("watch %s: %w", filepath.Join(dir, name), os.NewSyscallError("inotify_add_watch", err))
-			}
-		}
-	}
-	return os.NewFile(uintptr(fd), "inotify:"+dir), nil
-}
-
-// sdOOMEventfd registers a non-blocking eventfd for OOM notifications of the
+// openV1OOM registers a non-blocking eventfd for OOM notifications of the
 // v1 memory cgroup dir.
-func sdOOMEventfd(dir string) (*sdOOM, error) {
+func openV1OOM(dir string) (*v1OOM, error) {
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return nil, os.NewSyscallError("eventfd", err)
@@ -203,11 +186,11 @@ func sdOOMEventfd(dir string) (*sdOOM, error) {
 	}
 	// The registration holds its own reference: ctl may be closed after.
 	defer ctl.Close()
-	if err := cgWrite(dir, "cgroup.event_control", fmt.Sprintf("%d %d", efd, ctl.Fd())); err != nil {
+	if err := cgroupv2.Dir(dir).Write("cgroup.event_control", fmt.Sprintf("%d %d", efd, ctl.Fd())); err != nil {
 		unix.Close(efd)
 		return nil, fmt.Errorf("register OOM eventfd: %w", err)
 	}
-	return &sdOOM{fd: efd, file: os.NewFile(uintptr(efd), "oom-eventfd:"+dir)}, nil
+	return &v1OOM{fd: efd, file: os.NewFile(uintptr(efd), "oom-eventfd:"+dir)}, nil
 }
 
 // refreshStats takes a Stats reading now (the watcher saw the cgroup
@@ -216,18 +199,18 @@ func (s *systemdScope) refreshStats() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.readStatsLocked()
-	return sdExists(s.paths.procsDir())
+	return s.paths.exists()
 }
 
 // readStatsLocked merges a fresh reading into s.last (s.mu held). It reads
 // as soon as the unit has paths, also while Started is finishing.
 func (s *systemdScope) readStatsLocked() {
-	if s.state != sdRunning && s.state != sdStarting {
+	if s.state != unitRunning && s.state != unitStarting {
 		return
 	}
 	now := s.paths.stats()
-	gone := !sdExists(s.paths.procsDir())
-	s.last = sdMerge(s.last, now, gone)
+	gone := !s.paths.exists()
+	s.last = mergeStats(s.last, now, gone)
 	if s.oom != nil {
 		// At most a short wait, and only once per scope: when the cgroup
 		// vanished with one unexplained signal pending.

@@ -21,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/reactor"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/scope/cgroupv2"
 	"github.com/corral-dev/corral/store"
 	"github.com/corral-dev/corral/systemd"
 )
@@ -405,34 +406,18 @@ func removeStaleSocket(path string) error {
 	return os.Remove(path)
 }
 
-// killLeftoverCgroup kills and removes a cgroup v2 scope left by an earlier run
-// under a cgroup base other than this run's (the leftover cleaner covers
-// its own base and every corral-*.scope unit). scope is the record's
-// cgroup path relative to the cgroup2 root; other scope kinds are left to
-// the leftover cleaner.
+// killLeftoverCgroup kills and removes a cgroup v2 scope left by an earlier
+// run under a cgroup base other than this run's (the leftover cleaner covers
+// its own base and every corral-*.scope unit), waiting up to 5s for it to
+// empty. scope is the record's cgroup path relative to the cgroup2 root;
+// other scope kinds are left to the leftover cleaner.
 func killLeftoverCgroup(host scope.Host, name string) error {
 	if !strings.HasPrefix(name, "/") || host.Cgroup2Mount == "" || strings.Contains(name, "..") {
 		return nil
 	}
-	dir := filepath.Join(host.Cgroup2Mount, name)
-	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err != nil {
-		return nil // gone already
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
-		return fmt.Errorf("kill leftover cgroup %s: %w", name, err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ev, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
-		if err != nil || strings.Contains(string(ev), "populated 0") {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("leftover cgroup %s still populated 5s after cgroup.kill", name)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := cgroupv2.Dir(filepath.Join(host.Cgroup2Mount, name)).Destroy(ctx); err != nil {
 		return fmt.Errorf("remove leftover cgroup %s: %w", name, err)
 	}
 	return nil

@@ -12,81 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const cgtHybridMountinfo = `22 1 0:21 / /sys rw,nosuid shared:7 - sysfs sysfs rw
-30 22 0:27 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-31 30 0:28 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-40 30 0:37 / /sys/fs/cgroup/unified rw,relatime shared:9 master:1 - cgroup2 cgroup2 rw
-`
-
-const cgtV2Mountinfo = `25 22 0:22 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate
-90 25 0:22 /user.slice /mnt/my\040cg rw - cgroup2 cgroup2 rw
-`
-
-func TestCgParseMountinfo(t *testing.T) {
-	tests := []struct {
-		name      string
-		info      string
-		mode      string
-		mount     string
-		mountRoot string
-	}{
-		{"hybrid", cgtHybridMountinfo, "hybrid", "/sys/fs/cgroup/unified", "/"},
-		{"pure v2", cgtV2Mountinfo, "v2", "/sys/fs/cgroup", "/"},
-		{"v1 only", "31 30 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n", "v1", "", ""},
-		{"none", "22 1 0:21 / /sys rw - sysfs sysfs rw\nbroken line\n", "", "", ""},
-		{"v2 elsewhere only", "90 25 0:22 / /cg rw - cgroup2 none rw\n", "v2", "/cg", "/"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			mounts := cgParseMountinfo([]byte(tc.info))
-			if got := cgModeOf(mounts); got != tc.mode {
-				t.Errorf("cgModeOf = %q, want %q", got, tc.mode)
-			}
-			m, ok := cgPickCgroup2(mounts)
-			if m.Point != tc.mount || m.Root != tc.mountRoot || ok != (tc.mount != "") {
-				t.Errorf("cgPickCgroup2 = %+v, %v, want point %q root %q", m, ok, tc.mount, tc.mountRoot)
-			}
-		})
-	}
-	// Escaped mount points are decoded.
-	mounts := cgParseMountinfo([]byte(cgtV2Mountinfo))
-	if len(mounts) != 2 || mounts[1].Point != "/mnt/my cg" || mounts[1].Root != "/user.slice" {
-		t.Errorf("cgParseMountinfo = %+v, want second mount /mnt/my cg rooted at /user.slice", mounts)
-	}
-}
-
-func TestCgOwnDir(t *testing.T) {
-	tests := []struct {
-		name    string
-		mount   cgMount
-		cgroup  string // /proc/self/cgroup text
-		want    string
-		wantErr bool
-	}{
-		{"root", cgMount{Root: "/", Point: "/sys/fs/cgroup/unified"}, "1:cpu:/\n0::/\n", "/sys/fs/cgroup/unified", false},
-		{"service", cgMount{Root: "/", Point: "/sys/fs/cgroup"}, "0::/system.slice/corrald.service\n", "/sys/fs/cgroup/system.slice/corrald.service", false},
-		{"subtree mount", cgMount{Root: "/user.slice", Point: "/mnt/cg"}, "0::/user.slice/a.scope\n", "/mnt/cg/a.scope", false},
-		{"outside subtree mount", cgMount{Root: "/user.slice", Point: "/mnt/cg"}, "0::/user.slicex/a\n", "", true},
-		{"outside namespace", cgMount{Root: "/", Point: "/sys/fs/cgroup"}, "0::/../../x\n", "", true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			own, ok := cgParseOwn([]byte(tc.cgroup))
-			if !ok {
-				t.Fatalf("cgParseOwn(%q) found no 0:: line", tc.cgroup)
-			}
-			got, err := cgOwnDir(tc.mount, own)
-			if got != tc.want || (err != nil) != tc.wantErr {
-				t.Errorf("cgOwnDir(%+v, %q) = %q, %v, want %q, error %v", tc.mount, own, got, err, tc.want, tc.wantErr)
-			}
-		})
-	}
-	if _, ok := cgParseOwn([]byte("1:cpu:/\n")); ok {
-		t.Errorf("cgParseOwn of a v1-only file found a 0:: line")
-	}
-}
-
-// cgtFakeFS plays a cgroup tree for cgEnableControllers. A cgroup that holds
+// cgtFakeFS plays a cgroup tree for enableControllers. A cgroup that holds
 // processes (procs) refuses to enable controllers for children with EBUSY,
 // like a non-root cgroup on a pure v2 host.
 type cgtFakeFS struct {
@@ -146,7 +72,7 @@ func (f *cgtFakeFS) Mkdir(dir string) error {
 	return nil
 }
 
-func TestCgEnableControllers(t *testing.T) {
+func TestEnableControllers(t *testing.T) {
 	const own = "/cg/system.slice/corrald.service"
 	tests := []struct {
 		name      string
@@ -201,7 +127,7 @@ func TestCgEnableControllers(t *testing.T) {
 			if !strings.HasPrefix(tc.base, own) {
 				fs.ctrl[tc.base] = []string{"memory"} // offered by its own parent
 			}
-			got := slices.Sorted(maps.Keys(cgEnableControllers(fs, own, tc.base, 42, zerolog.Nop())))
+			got := slices.Sorted(maps.Keys(enableControllers(fs, own, tc.base, 42, zerolog.Nop())))
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("controllers for scopes = %v, want %v", got, tc.want)
 			}
@@ -211,11 +137,5 @@ func TestCgEnableControllers(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func TestCgRemoveTreeMissing(t *testing.T) {
-	if err := cgRemoveTree(filepath.Join(t.TempDir(), "gone")); err != nil {
-		t.Errorf("cgRemoveTree(missing) = %v, want nil", err)
 	}
 }

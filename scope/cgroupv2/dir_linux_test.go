@@ -1,0 +1,137 @@
+package cgroupv2
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// writeFiles creates dir/name with content for each entry: a stand-in for a
+// cgroup's interface files.
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestKeyed(t *testing.T) {
+	data := []byte("usage_usec 1500\nuser_usec  1000\nbad x\n")
+	tests := []struct {
+		key    string
+		want   int64
+		wantOK bool
+	}{
+		{"usage_usec", 1500, true},
+		{"user_usec", 1000, true},
+		{"bad", 0, false},
+		{"missing", 0, false},
+		{"usage", 0, false}, // a prefix of a key is not the key
+	}
+	for _, tt := range tests {
+		if got, ok := Keyed(data, tt.key); got != tt.want || ok != tt.wantOK {
+			t.Errorf("Keyed(%q) = %d, %v, want %d, %v", tt.key, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
+
+func TestStats(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+		want  Stats
+	}{
+		{"every controller", map[string]string{
+			"cpu.stat":      "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\nnr_periods 0\n",
+			"memory.peak":   "4096\n",
+			"memory.events": "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 0\n",
+			"pids.current":  "3\n",
+			"pids.peak":     "7\n",
+		}, Stats{CPUUsageNS: 1500000, CPUUserNS: 1000000, CPUSystemNS: 500000, MemoryPeak: 4096, TasksPeak: 7, Tasks: 3, OOMKills: 2}},
+		{"no controllers: cpu.stat only", map[string]string{
+			"cpu.stat": "usage_usec 2\nuser_usec 1\nsystem_usec 1\n",
+		}, Stats{CPUUsageNS: 2000, CPUUserNS: 1000, CPUSystemNS: 1000, MemoryPeak: Unknown, TasksPeak: Unknown, Tasks: Unknown, OOMKills: Unknown}},
+		{"max reads as unknown", map[string]string{
+			"cpu.stat": "usage_usec 0\n", "pids.current": "max\n",
+		}, Stats{CPUUsageNS: 0, CPUUserNS: Unknown, CPUSystemNS: Unknown, MemoryPeak: Unknown, TasksPeak: Unknown, Tasks: Unknown, OOMKills: Unknown}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Dir(filepath.Join(t.TempDir(), "c"))
+			writeFiles(t, d.Path(), tt.files)
+			got, err := d.Stats()
+			if err != nil || got != tt.want {
+				t.Errorf("Stats = %+v, %v, want %+v", got, err, tt.want)
+			}
+		})
+	}
+	if _, err := Dir(filepath.Join(t.TempDir(), "gone")).Stats(); !Gone(err) {
+		t.Errorf("Stats of a removed cgroup: error %v, want one Gone reports", err)
+	}
+}
+
+func TestEmpty(t *testing.T) {
+	d := Dir(filepath.Join(t.TempDir(), "c"))
+	tests := []struct {
+		name    string
+		events  string // "" removes the directory
+		want    bool
+		wantErr bool
+	}{
+		{"populated", "populated 1\nfrozen 0\n", false, false},
+		{"emptied", "populated 0\nfrozen 0\n", true, false},
+		{"no populated key", "frozen 0\n", false, true},
+		{"removed", "", true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.events == "" {
+				if err := os.RemoveAll(d.Path()); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				writeFiles(t, d.Path(), map[string]string{"cgroup.events": tt.events})
+			}
+			got, err := d.Empty()
+			if got != tt.want || (err != nil) != tt.wantErr {
+				t.Errorf("Empty = %v, %v, want %v, error %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestWalkAndProcs(t *testing.T) {
+	root := Dir(filepath.Join(t.TempDir(), "c"))
+	writeFiles(t, root.Path(), map[string]string{"cgroup.procs": "10\n11\n"})
+	writeFiles(t, root.Child("a").Path(), map[string]string{"cgroup.procs": ""})
+	writeFiles(t, root.Child("a").Child("b").Path(), map[string]string{"cgroup.procs": "12\n"})
+	var seen []string
+	pids := 0
+	err := root.Walk(func(d Dir) error {
+		rel, _ := filepath.Rel(root.Path(), d.Path())
+		seen = append(seen, rel)
+		p, err := d.Procs()
+		pids += len(p)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Walk = %v", err)
+	}
+	if want := []string{".", "a", "a/b"}; len(seen) != 3 || seen[0] != want[0] || seen[1] != want[1] || seen[2] != want[2] {
+		t.Errorf("Walk visited %v, want %v (parents first)", seen, want)
+	}
+	if pids != 3 {
+		t.Errorf("Procs over the tree found %d pids, want 3", pids)
+	}
+}
+
+func TestRemoveTreeMissing(t *testing.T) {
+	if err := Dir(filepath.Join(t.TempDir(), "gone")).RemoveTree(); err != nil {
+		t.Errorf("RemoveTree(missing) = %v, want nil", err)
+	}
+}

@@ -1,0 +1,80 @@
+package cgroupv2
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Stats are a cgroup's counters. A field that cannot be read is Unknown.
+// The fields are those of scope.Stats, in its order, so one converts to the
+// other.
+type Stats struct {
+	CPUUsageNS  int64 // cpu.stat usage_usec
+	CPUUserNS   int64 // cpu.stat user_usec
+	CPUSystemNS int64 // cpu.stat system_usec
+	MemoryPeak  int64 // memory.peak, bytes (memory controller)
+	TasksPeak   int64 // pids.peak (pids controller)
+	Tasks       int64 // pids.current (pids controller)
+	OOMKills    int64 // memory.events oom_kill (memory controller)
+}
+
+// Unknown is the value of a Stats field that could not be read.
+const Unknown = -1
+
+// Stats reads cpu.stat, which every non-root cgroup2 directory has with or
+// without the cpu controller, and, where their controllers are enabled,
+// memory.peak, memory.events, pids.current and pids.peak. It fails only
+// when cpu.stat cannot be read (Gone(err) once d is removed). Cheap: a few
+// reads.
+func (d Dir) Stats() (Stats, error) {
+	st := Stats{Unknown, Unknown, Unknown, Unknown, Unknown, Unknown, Unknown}
+	data, err := d.Read("cpu.stat")
+	if err != nil {
+		return st, fmt.Errorf("stats of cgroup %s: %w", d, err)
+	}
+	for key, dst := range map[string]*int64{
+		"usage_usec":  &st.CPUUsageNS,
+		"user_usec":   &st.CPUUserNS,
+		"system_usec": &st.CPUSystemNS,
+	} {
+		if v, ok := Keyed(data, key); ok {
+			*dst = v * 1000
+		}
+	}
+	st.MemoryPeak = d.count("memory.peak")
+	if data, err := d.Read("memory.events"); err == nil {
+		if v, ok := Keyed(data, "oom_kill"); ok {
+			st.OOMKills = v
+		}
+	}
+	st.Tasks = d.count("pids.current")
+	st.TasksPeak = d.count("pids.peak")
+	return st, nil
+}
+
+// count reads a one-number file, Unknown when it cannot (or it says max).
+func (d Dir) count(name string) int64 {
+	v, err := d.ReadInt(name)
+	if err != nil || v < 0 {
+		return Unknown
+	}
+	return v
+}
+
+// Threads counts the threads in d and its child cgroups from cgroup.threads:
+// the number of tasks where the pids controller is off. Blocking: a walk.
+func (d Dir) Threads() (int64, error) {
+	var n int64
+	err := d.Walk(func(c Dir) error {
+		data, err := c.Read("cgroup.threads")
+		if err != nil {
+			return err
+		}
+		n += int64(strings.Count(string(data), "\n"))
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count threads of cgroup %s: %w", d, err)
+	}
+	return n, nil
+}

@@ -1,0 +1,263 @@
+package scope
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	"github.com/godbus/dbus/v5"
+	"github.com/rs/zerolog"
+)
+
+// defaultDial: the private socket needs no dbus-daemon but only root may
+// use it; everyone else goes through the system bus.
+func defaultDial(ctx context.Context) (*sddbus.Conn, error) {
+	if os.Geteuid() != 0 {
+		return sddbus.NewSystemConnectionContext(ctx)
+	}
+	c, err := sddbus.NewSystemdConnectionContext(ctx)
+	if err == nil {
+		return c, nil
+	}
+	c, err2 := sddbus.NewSystemConnectionContext(ctx)
+	if err2 == nil {
+		return c, nil
+	}
+	return nil, errors.Join(err, err2)
+}
+
+var errBackendClosed = errors.New("systemd backend closed")
+
+// systemdBus is the systemd backend's D-Bus plumbing: one connection to
+// systemd, dialled lazily and re-dialled in one place (get) once it broke;
+// every call goes through call, which retries once when the connection
+// closed under it; job results arrive on buffered channels (runJob). It
+// knows units only by name. Safe for concurrent use; mu guards conn and
+// closed.
+type systemdBus struct {
+	dialFn     func(ctx context.Context) (*sddbus.Conn, error)
+	jobTimeout time.Duration
+	log        zerolog.Logger
+	// life outlives every call: godbus closes a connection when the context
+	// it was dialled with ends, so the connection is dialled with life, and
+	// callers' contexts only bound the wait for it.
+	life   context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	conn   *sddbus.Conn // nil until dialled, and after it broke
+	closed bool
+}
+
+func newSystemdBus(dial func(ctx context.Context) (*sddbus.Conn, error), jobTimeout time.Duration, log zerolog.Logger) *systemdBus {
+	life, cancel := context.WithCancel(context.Background())
+	return &systemdBus{dialFn: dial, jobTimeout: jobTimeout, log: log, life: life, cancel: cancel}
+}
+
+// close closes the connection; later calls fail with errBackendClosed.
+// Idempotent.
+func (b *systemdBus) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.closed = true
+	b.cancel()
+	if b.conn != nil {
+		b.conn.Close()
+		b.conn = nil
+	}
+}
+
+// getConn returns the live connection, dialling a new one if there is none
+// or the old one broke. This is the one place that reconnects.
+func (b *systemdBus) get(ctx context.Context) (*sddbus.Conn, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, errBackendClosed
+	}
+	if b.conn != nil {
+		if b.conn.Connected() {
+			return b.conn, nil
+		}
+		b.conn.Close()
+		b.conn = nil
+		b.log.Warn().Msg("systemd D-Bus connection lost; reconnecting")
+	}
+	c, err := b.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.conn = c
+	return c, nil
+}
+
+// dial runs opts.Dial with the backend's lifetime context, waiting at most
+// until ctx ends; a connection that arrives later is closed.
+func (b *systemdBus) dial(ctx context.Context) (*sddbus.Conn, error) {
+	type result struct {
+		c   *sddbus.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := b.dialFn(b.life)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("dial systemd: %w", r.err)
+		}
+		return r.c, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.c != nil {
+				r.c.Close()
+			}
+		}()
+		return nil, fmt.Errorf("dial systemd: %w", ctx.Err())
+	}
+}
+
+// call runs fn on the connection. When fn fails because the connection is
+// closed or broke, it reconnects and runs fn once more (the idea of
+// opencontainers/cgroups' retryOnDisconnect).
+func (b *systemdBus) call(ctx context.Context, fn func(*sddbus.Conn) error) error {
+	for attempt := 0; ; attempt++ {
+		c, err := b.get(ctx)
+		if err != nil {
+			return err
+		}
+		err = fn(c)
+		if err == nil || attempt > 0 || !disconnected(c, err) {
+			return err
+		}
+		b.mu.Lock()
+		if b.conn == c {
+			c.Close()
+			b.conn = nil
+		}
+		b.mu.Unlock()
+		b.log.Warn().Err(err).Msg("systemd D-Bus call failed on a closed connection; reconnecting")
+	}
+}
+
+// disconnected reports whether err means the connection is gone, rather
+// than systemd answering with an error.
+func disconnected(c *sddbus.Conn, err error) bool {
+	var de dbus.Error
+	if errors.As(err, &de) {
+		return false
+	}
+	return errors.Is(err, dbus.ErrClosed) || !c.Connected()
+}
+
+// noSuchUnit reports whether systemd answered that the unit is not loaded.
+func noSuchUnit(err error) bool {
+	var de dbus.Error
+	if errors.As(err, &de) {
+		return de.Name == "org.freedesktop.systemd1.NoSuchUnit"
+	}
+	var dp *dbus.Error
+	return errors.As(err, &dp) && dp.Name == "org.freedesktop.systemd1.NoSuchUnit"
+}
+
+// bound limits ctx to JobTimeout.
+func (b *systemdBus) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, b.jobTimeout)
+}
+
+// runJob starts a job with start and waits for its result. go-systemd
+// delivers the result on ch once; the channel is buffered because an unread
+// one would wedge the connection's signal dispatch.
+func (b *systemdBus) runJob(ctx context.Context, start func(c *sddbus.Conn, ch chan<- string) error) (string, error) {
+	ch := make(chan string, 1)
+	if err := b.call(ctx, func(c *sddbus.Conn) error { return start(c, ch) }); err != nil {
+		return "", err
+	}
+	select {
+	case res := <-ch:
+		return res, nil
+	case <-ctx.Done():
+		return "", fmt.Errorf("wait for job: %w", ctx.Err())
+	}
+}
+
+// stopAndWait stops unit (if loaded) and waits until it is unloaded or
+// inactive. Every unit corral makes has CollectMode inactive-or-failed, so
+// a stop job that ends "done" is the end; other results (canceled by a
+// newer job, timeout) are followed by polling the unit's state.
+func (b *systemdBus) stopAndWait(ctx context.Context, unit string) error {
+	res, err := b.runJob(ctx, func(c *sddbus.Conn, ch chan<- string) error {
+		_, err := c.StopUnitContext(ctx, unit, "replace", ch)
+		return err
+	})
+	switch {
+	case noSuchUnit(err):
+		return nil // not loaded: already gone
+	case err != nil:
+		return fmt.Errorf("stop: %w", err)
+	case res == "done":
+		// The unit reached inactive or failed, and CollectMode
+		// inactive-or-failed unloads it in either: its cgroups are gone.
+		// Asking for its state would cost two more round trips.
+		return nil
+	}
+	b.log.Debug().Str("unit", unit).Str("result", res).Msg("stop job did not finish as done")
+	for {
+		gone, err := b.unitGone(ctx, unit)
+		if err != nil {
+			return err
+		}
+		if gone {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for unit to go: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// unitGone reports whether unit is unloaded or inactive. A failed unit is
+// reset so that it is unloaded.
+func (b *systemdBus) unitGone(ctx context.Context, unit string) (bool, error) {
+	var load, active string
+	err := b.call(ctx, func(c *sddbus.Conn) error {
+		p, err := c.GetUnitPropertyContext(ctx, unit, "LoadState")
+		if err != nil {
+			return err
+		}
+		load, _ = p.Value.Value().(string)
+		p, err = c.GetUnitPropertyContext(ctx, unit, "ActiveState")
+		if err != nil {
+			return err
+		}
+		active, _ = p.Value.Value().(string)
+		return nil
+	})
+	if noSuchUnit(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read state: %w", err)
+	}
+	switch {
+	case load == "not-found" || active == "inactive":
+		return true, nil
+	case active == "failed":
+		err := b.call(ctx, func(c *sddbus.Conn) error { return c.ResetFailedUnitContext(ctx, unit) })
+		if err != nil && !noSuchUnit(err) {
+			return false, fmt.Errorf("reset failed: %w", err)
+		}
+	}
+	return false, nil
+}
