@@ -1,9 +1,7 @@
 package reactor
 
 import (
-	"errors"
 	"fmt"
-	"os"
 
 	"golang.org/x/sys/unix"
 
@@ -244,36 +242,52 @@ func (r *Reactor) writeStdin(e *execution, data []byte, closeIt bool) (int, erro
 	return len(data), nil
 }
 
+// writeAvailable writes as much of buf to the non-blocking fd as it takes
+// now and returns the rest. err is a write error (an errno) other than
+// EINTR and EAGAIN. Both stdin and a terminal are written through it.
+func writeAvailable(fd int, buf []byte) ([]byte, error) {
+	for len(buf) > 0 {
+		n, err := unix.Write(fd, buf)
+		if n > 0 {
+			buf = buf[n:]
+		}
+		switch {
+		case err == unix.EINTR:
+		case err == unix.EAGAIN, err == nil && n == 0:
+			return buf, nil
+		case err != nil:
+			return buf, err
+		}
+	}
+	return buf, nil
+}
+
 // flushStdin writes what it can without blocking; the rest waits for the
 // pipe to become writable.
 func (r *Reactor) flushStdin(e *execution) {
 	in := e.stdin
-	for len(in.buf) > 0 && in.fd >= 0 {
-		n, err := unix.Write(in.fd, in.buf)
-		if n > 0 {
-			in.buf = in.buf[n:]
-		}
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EAGAIN {
-			if !in.watching {
-				if aerr := r.loop.Add(in.fd, eventloop.Writable, func(eventloop.Events) { r.flushStdin(e) }); aerr == nil {
-					in.watching = true
-				}
-			}
-			return
-		}
-		if err != nil {
-			in.err = fmt.Errorf("write: %w", errors.Unwrap(os.NewSyscallError("write", err)))
-			in.buf = nil
-			r.closeStdin(e)
-			return
-		}
+	if in.fd < 0 {
+		return
 	}
-	if len(in.buf) == 0 && in.closeAfter {
+	var err error
+	if in.buf, err = writeAvailable(in.fd, in.buf); err != nil {
+		in.err = fmt.Errorf("write: %w", err)
+		in.buf = nil
 		r.closeStdin(e)
-	} else if in.watching && len(in.buf) == 0 {
+		return
+	}
+	if len(in.buf) > 0 {
+		// The pipe is full: go on when it is writable.
+		if !in.watching {
+			if aerr := r.loop.Add(in.fd, eventloop.Writable, func(eventloop.Events) { r.flushStdin(e) }); aerr == nil {
+				in.watching = true
+			}
+		}
+		return
+	}
+	if in.closeAfter {
+		r.closeStdin(e)
+	} else if in.watching {
 		_ = r.loop.Remove(in.fd)
 		in.watching = false
 	}

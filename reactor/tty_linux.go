@@ -136,22 +136,12 @@ func (r *Reactor) writeTerminal(e *execution, data []byte, closeIt bool) (int, e
 // waits for it to become writable. Loop goroutine only.
 func (r *Reactor) flushTerminal(e *execution) {
 	t := e.tty
-	for len(t.buf) > 0 && t.fd >= 0 {
-		n, err := unix.Write(t.fd, t.buf)
-		if n > 0 {
-			t.buf = t.buf[n:]
-		}
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EAGAIN || err == nil && n == 0 {
-			break
-		}
-		if err != nil {
+	if t.fd >= 0 {
+		var err error
+		if t.buf, err = writeAvailable(t.fd, t.buf); err != nil {
 			// EIO: no process has the terminal open any more.
 			r.log.Debug().Err(err).Str("exec_id", e.id).Msg("write terminal")
 			t.buf = nil
-			break
 		}
 	}
 	want := len(t.buf) > 0 && t.fd >= 0
