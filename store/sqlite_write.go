@@ -1,0 +1,321 @@
+package store
+
+// The SQLite store's writes: one writer goroutine takes every queued write
+// (Create, Transition, SaveOutput, DeleteCleanedBefore) in order and
+// group-commits them in one transaction, then answers each caller.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+)
+
+// writeOp is one queued write. apply runs inside the batch transaction on
+// the writer goroutine and returns only statement errors (which fail the
+// transaction); outcomes such as "already exists" are kept in the op. finish
+// answers the caller: err is nil once the transaction committed.
+type writeOp interface {
+	apply(ctx context.Context, s *SQLite) error
+	finish(err error)
+}
+
+func (s *SQLite) enqueue(op writeOp) bool {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return false
+	}
+	s.queue = append(s.queue, op)
+	s.mu.Unlock()
+	s.signal()
+	return true
+}
+
+func (s *SQLite) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take removes up to maxBatch queued writes.
+func (s *SQLite) take() (ops []writeOp, closing bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(len(s.queue), s.maxBatch)
+	ops = make([]writeOp, n)
+	copy(ops, s.queue)
+	rest := copy(s.queue, s.queue[n:])
+	clear(s.queue[rest:])
+	s.queue = s.queue[:rest]
+	return ops, s.closing
+}
+
+// writer is the goroutine that owns the write connection. While it commits
+// one batch the next one queues up, so the number of commits (fsyncs) per
+// second stays bounded while writes per commit grow with load.
+func (s *SQLite) writer() {
+	defer close(s.stopped)
+	for {
+		ops, closing := s.take()
+		if len(ops) == 0 {
+			if closing {
+				return
+			}
+			<-s.wake
+			continue
+		}
+		s.runBatch(ops)
+	}
+}
+
+func (s *SQLite) runBatch(ops []writeOp) {
+	err := s.commit(ops)
+	if err != nil && len(ops) > 1 {
+		// One bad write must not fail the others: retry each alone.
+		s.log.Warn().Err(err).Int("writes", len(ops)).Msg("store batch failed; retrying writes one by one")
+		for _, op := range ops {
+			op.finish(s.commit([]writeOp{op}))
+		}
+		return
+	}
+	for _, op := range ops {
+		op.finish(err)
+	}
+}
+
+// commit applies ops in one transaction. On failure nothing of it is kept.
+func (s *SQLite) commit(ops []writeOp) (err error) {
+	ctx := context.Background()
+	defer func() {
+		if err != nil {
+			s.failures.Add(1)
+			// COMMIT may fail leaving the transaction open (SQLITE_BUSY)
+			// or already rolled back (SQLITE_FULL): roll back either way
+			// so the connection is usable for the next batch.
+			_, _ = s.conn.ExecContext(ctx, "ROLLBACK")
+			s.setHealth(err)
+		}
+	}()
+	if _, err := s.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return fmt.Errorf("store %s: begin: %w", s.path, err)
+	}
+	for _, op := range ops {
+		if err := op.apply(ctx, s); err != nil {
+			return fmt.Errorf("store %s: %w", s.path, err)
+		}
+	}
+	if _, err := s.conn.ExecContext(ctx, "COMMIT"); err != nil {
+		return fmt.Errorf("store %s: commit: %w", s.path, err)
+	}
+	s.commits.Add(1)
+	s.writes.Add(int64(len(ops)))
+	s.setHealth(nil)
+	return nil
+}
+
+// --- writes ---
+
+type createOp struct {
+	rec    api.Record
+	row    []any
+	exists bool
+	ch     chan error
+}
+
+func (s *SQLite) Create(rec api.Record, params []byte) <-chan error {
+	b, err := encodeRecord(rec)
+	if err != nil {
+		return done(err)
+	}
+	labels, argv, err := encodeColumns(rec)
+	if err != nil {
+		return done(err)
+	}
+	op := &createOp{rec: rec, ch: make(chan error, 1), row: []any{
+		rec.ID, int64(rec.Owner.UID), int(rec.State), outcomeCol(rec), rec.CreatedAt.UnixNano(),
+		nanos(cleanedAt(rec, time.Now())), labels, argv, params, string(b),
+	}}
+	if !s.enqueue(op) {
+		return done(fmt.Errorf("create %s: %w", rec.ID, ErrClosed))
+	}
+	return op.ch
+}
+
+func (op *createOp) apply(ctx context.Context, s *SQLite) error {
+	res, err := s.stmtInsert.ExecContext(ctx, op.row...)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", op.rec.ID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("create %s: %w", op.rec.ID, err)
+	}
+	op.exists = n == 0
+	return nil
+}
+
+func (op *createOp) finish(err error) {
+	if err == nil && op.exists {
+		err = fmt.Errorf("create %s: %w", op.rec.ID, ErrExists)
+	}
+	op.ch <- err
+}
+
+type transitionOp struct {
+	id   string
+	from api.State
+	to   api.State
+	row  []any
+	outs []Output
+	res  Result
+	ch   chan Result
+}
+
+func (s *SQLite) Transition(from api.State, rec api.Record, outs ...Output) <-chan Result {
+	if err := checkTransition(from, rec, outs); err != nil {
+		return done(Result{Err: err})
+	}
+	b, err := encodeRecord(rec)
+	if err != nil {
+		return done(Result{Err: err})
+	}
+	labels, argv, err := encodeColumns(rec)
+	if err != nil {
+		return done(Result{Err: err})
+	}
+	op := &transitionOp{id: rec.ID, from: from, to: rec.State, outs: outs, ch: make(chan Result, 1), row: []any{
+		int64(rec.Owner.UID), int(rec.State), outcomeCol(rec), rec.CreatedAt.UnixNano(),
+		nanos(cleanedAt(rec, time.Now())), labels, argv, string(b),
+		rec.ID, int(from),
+	}}
+	if !s.enqueue(op) {
+		return done(Result{Err: fmt.Errorf("transition %s: %w", rec.ID, ErrClosed)})
+	}
+	return op.ch
+}
+
+func (op *transitionOp) apply(ctx context.Context, s *SQLite) error {
+	op.res = Result{}
+	res, err := s.stmtUpdate.ExecContext(ctx, op.row...)
+	if err != nil {
+		return fmt.Errorf("transition %s %s -> %s: %w", op.id, op.from, op.to, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("transition %s: %w", op.id, err)
+	}
+	if n == 0 {
+		var st int
+		err := s.stmtState.QueryRowContext(ctx, op.id).Scan(&st)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("transition %s: read state: %w", op.id, err)
+		}
+		op.res.State = api.State(st)
+		return nil
+	}
+	op.res = Result{Applied: true, State: op.to}
+	for _, o := range op.outs {
+		k := o.Kept
+		if _, err := s.stmtOutput.ExecContext(ctx, op.id, o.Stream, k.Head, k.Tail, k.TailOffset, k.Total); err != nil {
+			return fmt.Errorf("transition %s: save %s: %w", op.id, o.Stream, err)
+		}
+	}
+	return nil
+}
+
+func (op *transitionOp) finish(err error) {
+	if err != nil {
+		op.ch <- Result{Err: err}
+		return
+	}
+	op.ch <- op.res
+}
+
+type saveOutputOp struct {
+	id      string
+	out     Output
+	missing bool
+	ch      chan error
+}
+
+func (s *SQLite) SaveOutput(id string, out Output) <-chan error {
+	if err := checkStream(out.Stream); err != nil {
+		return done(fmt.Errorf("save output %s: %w", id, err))
+	}
+	op := &saveOutputOp{id: id, out: out, ch: make(chan error, 1)}
+	if !s.enqueue(op) {
+		return done(fmt.Errorf("save output %s: %w", id, ErrClosed))
+	}
+	return op.ch
+}
+
+func (op *saveOutputOp) apply(ctx context.Context, s *SQLite) error {
+	k := op.out.Kept
+	res, err := s.stmtSaveOutput.ExecContext(ctx, op.id, op.out.Stream, k.Head, k.Tail, k.TailOffset, k.Total, op.id)
+	if err != nil {
+		return fmt.Errorf("save output %s %s: %w", op.id, op.out.Stream, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("save output %s: %w", op.id, err)
+	}
+	op.missing = n == 0
+	return nil
+}
+
+func (op *saveOutputOp) finish(err error) {
+	if err == nil && op.missing {
+		err = fmt.Errorf("save output %s: %w", op.id, ErrNotFound)
+	}
+	op.ch <- err
+}
+
+type deleteOp struct {
+	before int64
+	n      int
+	ch     chan deleteResult
+}
+
+type deleteResult struct {
+	n   int
+	err error
+}
+
+// DeleteCleanedBefore queues the deletion like any write and waits for it.
+func (s *SQLite) DeleteCleanedBefore(t time.Time) (int, error) {
+	op := &deleteOp{before: t.UnixNano(), ch: make(chan deleteResult, 1)}
+	if !s.enqueue(op) {
+		return 0, fmt.Errorf("delete cleaned: %w", ErrClosed)
+	}
+	r := <-op.ch
+	return r.n, r.err
+}
+
+func (op *deleteOp) apply(ctx context.Context, s *SQLite) error {
+	if _, err := s.stmtDelOutputs.ExecContext(ctx, int(api.StateCleaned), op.before); err != nil {
+		return fmt.Errorf("delete cleaned outputs: %w", err)
+	}
+	res, err := s.stmtDelExecs.ExecContext(ctx, int(api.StateCleaned), op.before)
+	if err != nil {
+		return fmt.Errorf("delete cleaned: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("delete cleaned: %w", err)
+	}
+	op.n = int(n)
+	return nil
+}
+
+func (op *deleteOp) finish(err error) {
+	if err != nil {
+		op.ch <- deleteResult{err: err}
+		return
+	}
+	op.ch <- deleteResult{n: op.n}
+}
