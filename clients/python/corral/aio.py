@@ -1,0 +1,314 @@
+"""The asyncio client of corrald: the same methods as corral.Client, as
+coroutines, with any number of calls in flight on one connection.
+
+    async with await corral.aio.connect() as c:
+        r = await c.run(["echo", "hi"])
+        async for ev in c.follow(rec.id): ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator, Dict, List, Optional
+
+from ._wire import (
+    MAX_LINE_BYTES,
+    ConnectionClosed,
+    CorralError,
+    Data,
+    EndEvent,
+    Event,
+    FollowCursor,
+    Info,
+    Output,
+    OutputEvent,
+    Record,
+    Result,
+    default_socket,
+    drop_none,
+    encode_data,
+    note_event,
+    start_params,
+)
+from .client import RESUME_EVERY, RESUME_FOR
+
+# Responses can be large (exec.list); lines are bounded well above that.
+_READ_LIMIT = 64 << 20
+
+
+def _error(err: Dict[str, Any]) -> CorralError:
+    return CorralError(int(err.get("code", -32603)), str(err.get("message", "")), err.get("data"))
+
+
+class _AsyncConn:
+    """One connection with a reader task that completes each request's
+    future; notifications go to notes (used by follow's own connection)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.next_id = 0
+        self.pending: Dict[int, asyncio.Future] = {}
+        self.notes: asyncio.Queue = asyncio.Queue()
+        self.streams: set = set()  # request ids whose response also goes to notes
+        self.closed: Optional[BaseException] = None
+        self.task = asyncio.ensure_future(self._read_loop())
+
+    @classmethod
+    async def open(cls, path: str) -> "_AsyncConn":
+        reader, writer = await asyncio.open_unix_connection(path, limit=_READ_LIMIT)
+        return cls(reader, writer)
+
+    async def _read_loop(self) -> None:
+        err: BaseException = ConnectionClosed("corrald closed the connection")
+        last_word: Optional[Dict[str, Any]] = None
+        try:
+            while True:
+                line = await self.reader.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line:
+                    continue
+                msg = json.loads(line)
+                mid = msg.get("id")
+                if mid is None:
+                    if msg.get("method"):
+                        self.notes.put_nowait(msg)
+                    elif msg.get("error"):
+                        last_word = msg["error"]
+                    continue
+                fut = self.pending.pop(mid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+                if mid in self.streams:
+                    # After the notifications it answers, in order.
+                    self.notes.put_nowait({"response": msg})
+        except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+            err = ConnectionClosed(f"read from corrald: {e}")
+        except asyncio.CancelledError:
+            err = ConnectionClosed("connection closed")
+        if last_word is not None:
+            err = _error(last_word)
+        self.closed = err
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.pending.clear()
+        self.notes.put_nowait(None)  # wakes a follow
+
+    def send(self, method: str, params: Any, stream: bool = False) -> "Optional[asyncio.Future]":
+        """Queues a request. Its response completes the returned future or,
+        with stream, arrives in notes after the notifications before it
+        (then there is no future)."""
+        if self.closed is not None:
+            raise ConnectionClosed(f"{method}: {self.closed}")
+        self.next_id += 1
+        msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
+        if params is not None:
+            msg["params"] = params
+        line = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+        if len(line) > MAX_LINE_BYTES:
+            raise CorralError(-32600, f"{method}: request is {len(line)} bytes, over corrald's {MAX_LINE_BYTES}-byte line limit")
+        fut = None
+        if stream:
+            self.streams.add(self.next_id)
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            self.pending[self.next_id] = fut
+        self.writer.write(line)
+        return fut
+
+    async def call(self, method: str, params: Any = None) -> Any:
+        fut = self.send(method, params)
+        try:
+            await self.writer.drain()
+        except OSError as e:
+            raise ConnectionClosed(f"{method}: send to corrald: {e}") from e
+        msg = await fut
+        if msg.get("error") is not None:
+            raise _error(msg["error"])
+        return msg.get("result")
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except OSError:
+            pass
+        self.task.cancel()
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            pass
+
+
+async def connect(socket: Optional[str] = None) -> "AsyncClient":
+    """Connects to corrald (default $CORRAL_SOCKET, else the default path)."""
+    c = AsyncClient(socket)
+    await c._dial()
+    return c
+
+
+class AsyncClient:
+    """corral.Client's methods as coroutines. Use connect(), or
+    ``async with AsyncClient() as c``. Calls may run concurrently; a broken
+    connection raises ConnectionClosed and the next call dials again."""
+
+    def __init__(self, socket: Optional[str] = None):
+        self.socket = socket or default_socket()
+        self._conn: Optional[_AsyncConn] = None
+        self._dial_lock: Optional[asyncio.Lock] = None
+
+    async def _dial(self) -> _AsyncConn:
+        if self._dial_lock is None:
+            self._dial_lock = asyncio.Lock()
+        async with self._dial_lock:
+            if self._conn is None or self._conn.closed is not None:
+                self._conn = await _AsyncConn.open(self.socket)
+            return self._conn
+
+    async def __aenter__(self) -> "AsyncClient":
+        await self._dial()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def call(self, method: str, params: Any = None) -> Any:
+        conn = await self._dial()
+        return await conn.call(method, params)
+
+    async def start(self, argv, **kw) -> Record:
+        return Record.from_dict(await self.call("exec.start", start_params(argv, **kw)))
+
+    async def get(self, id: str) -> Record:
+        return Record.from_dict(await self.call("exec.get", {"id": id}))
+
+    async def wait(self, id: str, timeout_ms: Optional[int] = None) -> Record:
+        return Record.from_dict(await self.call("exec.wait", drop_none(id=id, timeout_ms=timeout_ms)))
+
+    async def cancel(self, id: str, reason: Optional[str] = None) -> Record:
+        return Record.from_dict(await self.call("exec.cancel", drop_none(id=id, reason=reason)))
+
+    async def signal(self, id: str, signal: str, target: Optional[str] = None) -> Record:
+        return Record.from_dict(await self.call("exec.signal", drop_none(id=id, signal=signal, target=target)))
+
+    async def write(self, id: str, data: Data = b"", close: bool = False) -> int:
+        p: Dict[str, Any] = {"id": id}
+        if data:
+            p["data"] = encode_data(data)
+        if close:
+            p["close"] = True
+        return int((await self.call("exec.write", p)).get("written", 0))
+
+    async def resize(self, id: str, rows: int, cols: int) -> Record:
+        return Record.from_dict(await self.call("exec.resize", {"id": id, "rows": rows, "cols": cols}))
+
+    async def update(self, id: str, timeout_ms: int) -> Record:
+        return Record.from_dict(await self.call("exec.update", {"id": id, "timeout_ms": timeout_ms}))
+
+    async def list(self, state: Optional[str] = None, labels: Optional[Dict[str, str]] = None,
+                   limit: Optional[int] = None) -> List[Record]:
+        res = await self.call("exec.list", drop_none(state=state, labels=labels, limit=limit))
+        return [Record.from_dict(r) for r in res.get("executions") or []]
+
+    async def output(self, id: str, stream: str = "stdout", offset: int = 0, limit: Optional[int] = None,
+                     wait_ms: Optional[int] = None) -> Output:
+        return Output.from_dict(await self.call("exec.output", drop_none(
+            id=id, stream=stream, offset=offset, limit=limit, wait_ms=wait_ms)))
+
+    async def info(self) -> Info:
+        return Info.from_dict(await self.call("daemon.info"))
+
+    async def follow(self, id: str, stdout_offset: int = 0, stderr_offset: int = 0,
+                     heartbeat_ms: Optional[int] = None, resume: bool = True) -> AsyncIterator[Event]:
+        """As Client.follow: events on a connection of their own, resumed
+        from the last byte yielded when the connection drops."""
+        loop = asyncio.get_running_loop()
+        cursor = FollowCursor(stdout_offset, stderr_offset)
+        give_up = None
+        while True:
+            try:
+                conn = await _AsyncConn.open(self.socket)
+            except OSError as e:
+                if not resume:
+                    raise ConnectionClosed(f"exec.follow: connect to corrald at {self.socket}: {e}") from e
+                give_up = give_up or loop.time() + RESUME_FOR
+                if loop.time() > give_up:
+                    raise ConnectionClosed(f"exec.follow: corrald unreachable for {RESUME_FOR}s: {e}") from e
+                await asyncio.sleep(RESUME_EVERY)
+                continue
+            try:
+                conn.send("exec.follow", cursor.params(id, heartbeat_ms), stream=True)
+                await conn.writer.drain()
+                while True:
+                    msg = await conn.notes.get()
+                    if msg is None:
+                        raise ConnectionClosed("follow connection dropped")
+                    if "response" in msg:
+                        res = msg["response"]
+                        break
+                    ev = note_event(msg["method"], msg.get("params") or {})
+                    if ev is None:
+                        continue
+                    if isinstance(ev, OutputEvent):
+                        async for f in self._fill(id, cursor, ev.stream, ev.offset):
+                            yield f
+                        ev = cursor.trim(ev)
+                        if ev is None:
+                            continue
+                        cursor.advance(ev)
+                    give_up = None
+                    yield ev
+                if res.get("error") is not None:
+                    err = _error(res["error"])
+                    if err.code == -32005 and resume:
+                        raise ConnectionClosed("corrald is shutting down")
+                    raise err
+                rec = Record.from_dict(res.get("result") or {})
+                for s, info in (("stdout", rec.stdout), ("stderr", rec.stderr)):
+                    if info is not None:
+                        async for f in self._fill(id, cursor, s, info.total_bytes):
+                            yield f
+                yield EndEvent(rec)
+                return
+            except (ConnectionClosed, OSError) as e:
+                if not resume:
+                    raise
+                give_up = give_up or loop.time() + RESUME_FOR
+                if loop.time() > give_up:
+                    raise ConnectionClosed(f"exec.follow: could not resume for {RESUME_FOR}s: {e}") from e
+                await asyncio.sleep(RESUME_EVERY)
+            finally:
+                await conn.close()
+
+    async def _fill(self, id: str, cursor: FollowCursor, stream: str, upto: int) -> AsyncIterator[OutputEvent]:
+        while cursor.offsets[stream] < upto:
+            out = await self.output(id, stream=stream, offset=cursor.offsets[stream], limit=upto - cursor.offsets[stream])
+            if not out.data:
+                return
+            ev = OutputEvent(id, stream, out.offset, out.data)
+            cursor.advance(ev)
+            yield ev
+
+    async def run(self, argv, **kw) -> Result:
+        rec = await self.start(argv, **kw)
+        out = {"stdout": bytearray(), "stderr": bytearray()}
+        async for ev in self.follow(rec.id):
+            if isinstance(ev, OutputEvent):
+                out[ev.stream] += ev.data
+            elif isinstance(ev, EndEvent):
+                rec = ev.record
+        return Result(rec, bytes(out["stdout"]), bytes(out["stderr"]))
+
+
+async def run(argv, socket: Optional[str] = None, **kw) -> Result:
+    """The asyncio corral.run."""
+    async with AsyncClient(socket) as c:
+        return await c.run(argv, **kw)
