@@ -128,7 +128,14 @@ func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record)
 	r.total.Add(1)
 	argv := make([]string, len(p.Argv))
 	copy(argv, p.Argv)
-	r.audit(e, "started").Strs("argv", argv).Msg("execution started")
+	ev := r.audit(e, "started").Strs("argv", argv)
+	if p.TTY {
+		ev = ev.Bool("tty", true).Str("tty_size", fmt.Sprintf("%dx%d", p.TTYSize.Rows, p.TTYSize.Cols))
+	}
+	if p.IdleTimeoutMS > 0 {
+		ev = ev.Int64("idle_timeout_ms", p.IdleTimeoutMS)
+	}
+	ev.Msg("execution started")
 	rec := r.snapshot(e)
 	r.observe(e, 0, &rec)
 	return e, rec, false, nil

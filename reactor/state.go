@@ -126,7 +126,7 @@ func (r *Reactor) toRunning(e *execution) {
 	if e.params.CPUMS > 0 || e.params.MemoryBytes > 0 {
 		r.armSampler(e)
 	}
-	r.audit(e, "running").Int("pid", e.proc.Pid).Msg("execution running")
+	r.audit(e, "running").Int("pid", e.proc.Pid).Time("deadline", e.deadline).Msg("execution running")
 	r.commit(e)
 	if e.cancel != nil {
 		r.enterCanceling(e, *e.cancel)

@@ -26,6 +26,8 @@ type env struct {
 	// notifySignals subscribes to SIGINT and SIGTERM for the duration of
 	// `run`; nil means no signal handling.
 	notifySignals func() (<-chan os.Signal, func())
+	// notifyResize subscribes to SIGWINCH for `run -t`; nil means none.
+	notifyResize func() (<-chan os.Signal, func())
 	// collect, when set, is given each command's flag set as newFlagSet
 	// makes it (see commandFlags).
 	collect func(*pflag.FlagSet)
@@ -50,11 +52,13 @@ func init() {
 		"cancel":     {"cancel [OPTION]... ID", "cancel an execution (SIGTERM, then SIGKILL after its grace)", cmdCancel},
 		"signal":     {"signal [OPTION]... ID SIG", "send a signal (name or number) to an execution's processes (--main: main process only)", cmdSignal},
 		"info":       {"info [OPTION]...", "show daemon information", cmdInfo},
+		"extend":     {"extend [OPTION]... ID DURATION", "give a running execution a new deadline, DURATION from now (exec.update)", cmdExtend},
 		"completion": {"completion bash|zsh|fish", "print a completion script for the shell", cmdCompletion},
 	}
 }
 
-const exitStatusText = `run and wait exit with the execution's status: its exit code, 124 on timeout,
+const exitStatusText = `run and wait exit with the execution's status: its exit code, 124 on timeout
+(wall-clock or idle),
 128+N when killed by signal N, 126/127 when it could not be executed, and
 125 when corralctl or the daemon failed. Other commands exit 1 on failure
 and 2 on a usage error.`

@@ -205,6 +205,36 @@ func cmdSignal(e *env, g *globalFlags, args []string) int {
 	})
 }
 
+func cmdExtend(e *env, g *globalFlags, args []string) int {
+	fs := newFlagSet(e, g, "extend")
+	pos, code, ok := parseArgs(e, fs, args, 2, exitUsage)
+	if !ok {
+		return code
+	}
+	d, err := parseDuration(pos[1])
+	if err != nil || d <= 0 {
+		if err == nil {
+			err = fmt.Errorf("invalid duration %q: must be positive", pos[1])
+		}
+		return fail(e, exitUsage, "%v", err)
+	}
+	ms := millis(d)
+	return withClient(e, g, exitErrorGeneric, func(ctx context.Context, c *ipc.Client) (int, error) {
+		rec, err := c.Update(ctx, api.UpdateParams{ID: pos[0], TimeoutMS: &ms})
+		if err != nil {
+			return 0, fmt.Errorf("extend %s: %w", pos[0], err)
+		}
+		if g.json {
+			return 0, printJSON(e.stdout, rec)
+		}
+		if rec.Deadline != nil {
+			fmt.Fprintf(e.stdout, "%s: deadline %s (in %s)\n", rec.ID, rec.Deadline.Local().Format(time.RFC3339), formatDuration(time.Until(*rec.Deadline)))
+			return 0, nil
+		}
+		return 0, printRecordOrSummary(e, g, rec)
+	})
+}
+
 func cmdInfo(e *env, g *globalFlags, args []string) int {
 	fs := newFlagSet(e, g, "info")
 	if _, code, ok := parseArgs(e, fs, args, 0, exitUsage); !ok {

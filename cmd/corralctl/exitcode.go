@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -55,7 +56,7 @@ func signalName(s string) (string, bool) {
 // explaining (empty for an ordinary exit or signal death):
 //
 //	exited                        -> its exit code
-//	timeout                       -> 124, as timeout(1)
+//	timeout, idle_timeout         -> 124, as timeout(1)
 //	signaled, cancelled,
 //	memory_limit, cpu_limit       -> 128 + the signal number that killed it
 //	start_failed                  -> 127 for ENOENT, else 126, as a shell
@@ -93,6 +94,8 @@ func exitStatus(rec api.Record) (int, string) {
 		return bySignal(unix.SIGKILL), ""
 	case api.OutcomeTimeout:
 		return exitTimeout, fmt.Sprintf("execution %s timed out", rec.ID)
+	case api.OutcomeIdleTimeout:
+		return exitTimeout, fmt.Sprintf("execution %s timed out: no output for %s", rec.ID, formatDuration(time.Duration(rec.IdleTimeoutMS)*time.Millisecond))
 	case api.OutcomeCancelled:
 		return bySignal(unix.SIGTERM), fmt.Sprintf("execution %s cancelled%s", rec.ID, reasonSuffix(rec))
 	case api.OutcomeMemoryLimit:

@@ -136,6 +136,22 @@ func writeRecord(w io.Writer, r api.Record, now time.Time) error {
 		}
 		line(s.name, "%s", v)
 	}
+	if r.TTY {
+		v := "yes"
+		if r.TTYSize != nil {
+			v = fmt.Sprintf("yes, %dx%d", r.TTYSize.Rows, r.TTYSize.Cols)
+		}
+		line("Terminal", "%s", v)
+	}
+	if r.TimeoutMS > 0 {
+		line("Timeout", "%s", formatDuration(time.Duration(r.TimeoutMS)*time.Millisecond))
+	}
+	if r.IdleTimeoutMS > 0 {
+		line("Idle timeout", "%s", formatDuration(time.Duration(r.IdleTimeoutMS)*time.Millisecond))
+	}
+	if r.Deadline != nil {
+		line("Deadline", "%s (in %s)", r.Deadline.Local().Format(time.RFC3339), formatDuration(r.Deadline.Sub(now)))
+	}
 	if r.LeftoverTasks > 0 {
 		line("Leftover tasks", "%d (survived SIGKILL)", r.LeftoverTasks)
 	}

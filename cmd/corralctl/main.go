@@ -28,7 +28,14 @@ func main() {
 			// cancelling the execution), not a silent death by SIGPIPE.
 			signal.Ignore(syscall.SIGPIPE)
 			ch := make(chan os.Signal, 2)
-			signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+			// SIGHUP too: with run -t our terminal may be in raw mode,
+			// and a handled signal lets run restore it on the way out.
+			signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+			return ch, func() { signal.Stop(ch) }
+		},
+		notifyResize: func() (<-chan os.Signal, func()) {
+			ch := make(chan os.Signal, 1)
+			signal.Notify(ch, syscall.SIGWINCH)
 			return ch, func() { signal.Stop(ch) }
 		},
 	}))

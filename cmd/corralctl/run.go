@@ -26,7 +26,8 @@ type runOptions struct {
 	cwd, network, id    string
 	user                string
 	redact, detach      bool
-	stdin               bool
+	stdin, tty          bool
+	idleTimeout         durationFlag
 }
 
 func (o *runOptions) register(fs *pflag.FlagSet) {
@@ -46,6 +47,8 @@ func (o *runOptions) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.redact, "redact", false, "ask the daemon to redact secrets from kept output")
 	fs.BoolVar(&o.detach, "detach", false, "start the command, print its id and exit")
 	fs.BoolVarP(&o.stdin, "stdin", "i", false, "forward this process's stdin to the command")
+	fs.BoolVarP(&o.tty, "tty", "t", false, "run the command on a terminal (with -i and a terminal here: raw mode, every key goes to the command)")
+	fs.Var(&o.idleTimeout, "idle-timeout", "end the command after `DURATION` without output on either stream (exit 124)")
 	cli.CompleteValues(fs, map[string]string{"cwd": "dir", "network": "words:host none", "user": "user"})
 }
 
@@ -61,6 +64,18 @@ func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
 	}
 	if o.tasks < 0 {
 		return api.StartParams{}, fmt.Errorf("invalid --tasks %d: negative", o.tasks)
+	}
+	if o.tty {
+		// A terminal program needs to know the terminal type: ours, as
+		// docker run -t and ssh pass it, unless --env sets one.
+		if _, set := o.env.m["TERM"]; !set {
+			if term, ok := osLookup("TERM"); ok && term != "" {
+				if o.env.m == nil {
+					o.env.m = map[string]string{}
+				}
+				o.env.m["TERM"] = term
+			}
+		}
 	}
 	return api.StartParams{
 		Argv:             argv,
@@ -78,6 +93,8 @@ func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
 		User:             o.user,
 		Network:          o.network,
 		Redact:           o.redact,
+		TTY:              o.tty,
+		IdleTimeoutMS:    millis(o.idleTimeout.d),
 	}, nil
 }
 
@@ -123,8 +140,23 @@ func cmdRun(e *env, g *globalFlags, args []string) int {
 		return fail(e, exitFailure, "%v", err)
 	}
 	defer c.Close()
+	var lt *localTerminal
+	if o.tty && !o.detach {
+		// Raw mode (with -i) from before the start: no key typed from now on
+		// is taken by our own terminal. Restored by the defer on every
+		// return and panic; signals are handled (sigs), so they return too.
+		var size *api.TTYSize
+		if lt, size, err = setupTerminal(e, o.stdin); err != nil {
+			return fail(e, exitFailure, "terminal: %v", err)
+		}
+		defer lt.restore()
+		p.TTYSize = size
+	}
 	rec, err := c.Start(ctx, p)
 	if err != nil {
+		if lt != nil {
+			lt.restore()
+		}
 		return fail(e, exitFailure, "start %s: %s", argvString(p.Argv, 60), describe(err))
 	}
 
@@ -142,13 +174,16 @@ func cmdRun(e *env, g *globalFlags, args []string) int {
 		}
 		return 0
 	}
-	return attach(ctx, e, g, c, rec, o.stdin, sigs)
+	return attach(ctx, e, g, c, rec, o.stdin, lt, sigs)
 }
 
 // attach streams a started execution's output until it is cleaned and
 // returns the exit status. The first SIGINT/SIGTERM cancels the execution
 // (and keeps streaming until it is gone); a second one stops waiting.
-func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.Record, stdin bool, sigs <-chan os.Signal) int {
+//
+// lt is set for a terminal execution (run -t): input is typed into it, and
+// our window size follows it.
+func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.Record, stdin bool, lt *localTerminal, sigs <-chan os.Signal) int {
 	followCtx, stopFollow := context.WithCancel(ctx)
 	defer stopFollow()
 
@@ -188,14 +223,32 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 			}
 		}()
 	}
-	if stdin {
+	switch {
+	case stdin && lt != nil:
+		// Not waited for, as below.
+		go forwardTerminalInput(followCtx, c, rec.ID, e.stdin)
+	case stdin:
 		// Not waited for: a read from a terminal cannot be interrupted, and
 		// the process exits when the execution is done.
 		go forwardStdin(followCtx, c, rec.ID, e.stdin)
 	}
+	if lt != nil && lt.fd >= 0 && e.notifyResize != nil {
+		winch, stop := e.notifyResize()
+		defer stop()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			forwardResize(followCtx, c, rec.ID, lt.fd, winch)
+		}()
+	}
 
 	st := newStreamer(c, rec.ID, map[string]io.Writer{"stdout": e.stdout, "stderr": e.stderr}, e.stderr)
 	final, err := st.follow(followCtx)
+	if lt != nil {
+		// Our messages below are lines of a cooked terminal again.
+		lt.restore()
+	}
+	stopFollow()
 	if err != nil {
 		mu.Lock()
 		sig := interrupted

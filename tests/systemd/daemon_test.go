@@ -288,44 +288,63 @@ func TestEscapedDescendantsKilled(t *testing.T) {
 
 func syscallKill(pid int) { exec.Command("kill", "-9", strconv.Itoa(pid)).Run() }
 
+// The limits hold the same way whether the command runs on pipes or on a
+// terminal (tty: true, its stderr is the terminal too, read as stdout).
 func TestForkBombStopsAtTasksMax(t *testing.T) {
 	setup(t)
-	c := client(t)
-	rec := runTo(t, c, api.StartParams{
-		Argv:      []string{"sh", "-c", `i=0; while [ $i -lt 400 ]; do sleep 1000 & i=$((i+1)); done; echo spawned; sleep 1000`},
-		TasksMax:  32,
-		TimeoutMS: 4000, GraceMS: 200,
-	})
-	// The shell may give up when fork fails (exited) or keep looping until
-	// the timeout; either way the tree must end whole.
-	if o := outcome(rec); o != "timeout" && o != "exited" {
-		t.Errorf("outcome = %s, want timeout or exited (error %v)", o, rec.Error)
-	}
-	if rec.Usage.TasksPeak > 32 || rec.Usage.TasksPeak < 2 {
-		t.Errorf("tasks_peak = %d, want 2..32", rec.Usage.TasksPeak)
-	}
-	errOut, _ := c.Output(context.Background(), api.OutputParams{ID: rec.ID, Stream: "stderr"})
-	if !strings.Contains(strings.ToLower(string(errOut.Data)), "fork") && !strings.Contains(string(errOut.Data), "Resource temporarily unavailable") {
-		t.Errorf("stderr %q shows no failed fork", errOut.Data)
-	}
-	if out, _ := exec.Command("pgrep", "-x", "-f", "sleep 1000").Output(); len(out) > 0 {
-		t.Errorf("sleeps left after the fork bomb was killed: %s", out)
-	}
-	if !unitGone(rec.Scope) {
-		t.Errorf("%s still loaded", rec.Scope)
+	for _, tty := range []bool{false, true} {
+		t.Run(map[bool]string{false: "pipes", true: "terminal"}[tty], func(t *testing.T) {
+			c := client(t)
+			rec := runTo(t, c, api.StartParams{
+				Argv:      []string{"sh", "-c", `i=0; while [ $i -lt 400 ]; do sleep 1000 & i=$((i+1)); done; echo spawned; sleep 1000`},
+				TasksMax:  32,
+				TimeoutMS: 4000, GraceMS: 200,
+				TTY: tty,
+			})
+			// The shell may give up when fork fails (exited) or keep looping until
+			// the timeout; either way the tree must end whole.
+			if o := outcome(rec); o != "timeout" && o != "exited" {
+				t.Errorf("outcome = %s, want timeout or exited (error %v)", o, rec.Error)
+			}
+			if rec.Usage.TasksPeak > 32 || rec.Usage.TasksPeak < 2 {
+				t.Errorf("tasks_peak = %d, want 2..32", rec.Usage.TasksPeak)
+			}
+			stream := "stderr"
+			if tty {
+				stream = "stdout"
+			}
+			errOut, _ := c.Output(context.Background(), api.OutputParams{ID: rec.ID, Stream: stream})
+			if !strings.Contains(strings.ToLower(string(errOut.Data)), "fork") && !strings.Contains(string(errOut.Data), "Resource temporarily unavailable") {
+				t.Errorf("%s %q shows no failed fork", stream, errOut.Data)
+			}
+			if out, _ := exec.Command("pgrep", "-x", "-f", "sleep 1000").Output(); len(out) > 0 {
+				t.Errorf("sleeps left after the fork bomb was killed: %s", out)
+			}
+			if !unitGone(rec.Scope) {
+				t.Errorf("%s still loaded", rec.Scope)
+			}
+		})
 	}
 }
 
 func TestMemoryLimit(t *testing.T) {
 	setup(t)
-	c := client(t)
-	rec := runTo(t, c, api.StartParams{
-		Argv:        []string{"python3", "-c", "b = bytearray(512 << 20); print(len(b))"},
-		MemoryBytes: 64 << 20,
-		TimeoutMS:   20000,
-	})
-	if outcome(rec) != "memory_limit" {
-		t.Errorf("outcome = %s (signal %v, exit %v, error %v), want memory_limit", outcome(rec), rec.Signal, rec.ExitCode, rec.Error)
+	for _, tty := range []bool{false, true} {
+		t.Run(map[bool]string{false: "pipes", true: "terminal"}[tty], func(t *testing.T) {
+			c := client(t)
+			rec := runTo(t, c, api.StartParams{
+				Argv:        []string{"python3", "-c", "b = bytearray(512 << 20); print(len(b))"},
+				MemoryBytes: 64 << 20,
+				TimeoutMS:   20000,
+				TTY:         tty,
+			})
+			if outcome(rec) != "memory_limit" {
+				t.Errorf("outcome = %s (signal %v, exit %v, error %v), want memory_limit", outcome(rec), rec.Signal, rec.ExitCode, rec.Error)
+			}
+			if rec.TTY != tty {
+				t.Errorf("record tty = %v, want %v", rec.TTY, tty)
+			}
+		})
 	}
 }
 
