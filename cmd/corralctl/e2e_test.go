@@ -54,6 +54,8 @@ type fakeDaemon struct {
 	// updates records exec.update calls as "id TIMEOUT_MS"; resizes
 	// exec.resize calls as "id ROWSxCOLS".
 	updates, resizes []string
+	// traceparents records exec.start's traceparent params.
+	traceparents []string
 }
 
 var _ ipc.Service = (*fakeDaemon)(nil)
@@ -84,6 +86,7 @@ func (d *fakeDaemon) Start(_ context.Context, caller api.Owner, p api.StartParam
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.n++
+	d.traceparents = append(d.traceparents, p.Traceparent)
 	id := p.ID
 	if id == "" {
 		id = fmt.Sprintf("exec-%d", d.n)
@@ -690,4 +693,31 @@ func TestOtherCommands(t *testing.T) {
 	// unknown command, help
 	must(corralctl(t, sock, "", nil, "frob"), 2)
 	must(corralctl(t, sock, "", nil, "help"), 0)
+}
+
+// TestRunPassesTraceparent: corralctl run sends $TRACEPARENT as exec.start's
+// traceparent, and nothing when it is unset.
+func TestRunPassesTraceparent(t *testing.T) {
+	sock, d := serveFake(t)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, want := range []string{tp, ""} {
+		var out, errb bytes.Buffer
+		code := Main([]string{"--socket", sock, "run", "--", "print", "0"}, &env{
+			stdin: strings.NewReader(""), stdout: &out, stderr: &errb,
+			getenv: func(k string) string {
+				if k == "TRACEPARENT" {
+					return want
+				}
+				return ""
+			},
+		})
+		if code != 0 {
+			t.Fatalf("run with TRACEPARENT %q = exit %d, stderr %q", want, code, errb.String())
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.traceparents) != 2 || d.traceparents[0] != tp || d.traceparents[1] != "" {
+		t.Errorf("exec.start traceparents = %q, want [%q \"\"]", d.traceparents, tp)
+	}
 }

@@ -124,6 +124,9 @@ func cmdRun(e *env, g *globalFlags, args []string) int {
 	if err != nil {
 		return fail(e, exitFailure, "%v", err)
 	}
+	// A caller inside a trace (TRACEPARENT, as OpenTelemetry's environment
+	// carriers name it) makes the execution's trace a child of its span.
+	p.Traceparent = e.getenv("TRACEPARENT")
 	ctx := context.Background()
 
 	// Take SIGINT/SIGTERM before starting, so that no signal can leave an

@@ -47,6 +47,7 @@ type config struct {
 	storeSync    string
 	storeKind    string
 	shim         string
+	metricsAddr  string
 }
 
 var errHelpShown = errors.New("help shown")
@@ -87,6 +88,7 @@ func newFlagSet(c *config, out io.Writer) *pflag.FlagSet {
 	fs.StringVar(&c.shim, "shim", "", "what children start through: a corral-shim `PATH`, \"self\" (re-execute corrald), or empty for corral-shim next to corrald if it is there, else self")
 	fs.DurationVar(&c.watchdogTick, "watchdog-interval", 0, "override the watchdog ping interval (default: half of WatchdogSec)")
 	cli.VarNames(fs, map[string]string{"store": "KIND", "store-sync": "MODE"})
+	fs.StringVar(&c.metricsAddr, "metrics-listen", "", "serve Prometheus metrics at /metrics on `ADDR`: a loopback HOST:PORT (127.0.0.1:9464) or unix:PATH (default: off)")
 	c.showHelp = cli.HelpFlag(fs)
 	fs.BoolVar(&c.showMan, "man-page", false, "print the corrald(8) man page in roff and exit")
 	_ = fs.MarkHidden("man-page")

@@ -87,15 +87,21 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	defer stopSweep()
 	store.StartSweeper(sweepCtx, st, log, c.retention, 0)
 
+	obs, err := startObservability(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	defer obs.close(log)
 	ln, activated, err := listen(c, log)
 	if err != nil {
 		return err
 	}
-	r, err := newReactor(c, host, backend, st, ln, checks, log)
+	r, err := newReactor(c, host, backend, st, ln, checks, obs.observer(), log)
 	if err != nil {
 		ln.Close()
 		return err
 	}
+	obs.serveMetrics(r, log)
 	return serve(ctx, c, r, ln, activated, host, backend, log)
 }
 
@@ -205,7 +211,7 @@ func recoverExecutions(st store.Store, host scope.Host, stateDir string, log zer
 
 // newReactor configures the reactor from the flags and what the earlier
 // steps made. reactor.New's errors carry their own context.
-func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Store, ln *net.UnixListener, checks map[string]string, log zerolog.Logger) (*reactor.Reactor, error) {
+func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Store, ln *net.UnixListener, checks map[string]string, obs reactor.Observer, log zerolog.Logger) (*reactor.Reactor, error) {
 	socketGID := int64(-1)
 	if fi, err := os.Stat(ln.Addr().String()); err == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Gid != 0 {
@@ -228,6 +234,7 @@ func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Stor
 		MaxPerUID:      c.maxPerUID,
 		Subreaper:      true,
 		Store:          st,
+		Observer:       obs,
 		PoolSize:       poolSize(c.poolSize, backend),
 		SocketGID:      socketGID,
 		Info: api.Info{
