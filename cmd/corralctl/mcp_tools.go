@@ -124,14 +124,6 @@ type listOut struct {
 	Executions []listEntry `json:"executions"`
 }
 
-// startParams is exec.start with the fields of the v1.1 additions; when
-// api.StartParams gains them, the outer fields here shadow them on the wire.
-type startParams struct {
-	api.StartParams
-	TTY           bool  `json:"tty,omitempty"`
-	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"`
-}
-
 func boolPtr(b bool) *bool { return &b }
 
 // registerTools adds the five tools to srv.
@@ -195,11 +187,11 @@ func (s *mcpSession) execCommand(ctx context.Context, _ *mcp.CallToolRequest, in
 	if err != nil {
 		return nil, execStatus{}, fmt.Errorf("exec_command: make an execution id: %w", err)
 	}
-	p := startParams{StartParams: api.StartParams{
+	p := api.StartParams{
 		Argv: argv, Env: in.Env, Cwd: in.Workdir, TimeoutMS: in.TimeoutMS,
 		Labels: in.Labels, Network: in.Network, ID: id.String(),
-		StdinOpen: in.TTY, Stdin: []byte(in.Stdin),
-	}, TTY: in.TTY, IdleTimeoutMS: in.IdleTimeoutMS}
+		StdinOpen: in.TTY, Stdin: []byte(in.Stdin), TTY: in.TTY, IdleTimeoutMS: in.IdleTimeoutMS,
+	}
 	if in.StdinOpen != nil {
 		p.StdinOpen = *in.StdinOpen
 	}
@@ -208,7 +200,9 @@ func (s *mcpSession) execCommand(ctx context.Context, _ *mcp.CallToolRequest, in
 	// The id makes the start safe to retry over a new connection: a second
 	// exec.start with it returns the first one's record.
 	err = s.call(ctx, func(c *ipc.Client) error {
-		return c.Call(ctx, "exec.start", p, &rec)
+		var err error
+		rec, err = c.Start(ctx, p)
+		return err
 	})
 	if err != nil {
 		return nil, execStatus{}, s.toolError("exec_command", "", err)
