@@ -1,0 +1,88 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/scope"
+)
+
+// heldBackend is the pgroup backend declaring PlaceHeld, as systemd does:
+// the reactor must then hold each child until Started returned, and it
+// alone releases it. Started checks the hold: the command (touch marker)
+// must not have run yet, however long placing takes.
+type heldBackend struct {
+	scope.Backend
+	marker   string
+	fail     bool        // Started fails: the child must never run
+	ranEarly atomic.Bool // the command ran before Started returned
+	started  atomic.Int32
+}
+
+func (b *heldBackend) Name() string               { return "held-test" }
+func (b *heldBackend) Placement() scope.Placement { return scope.PlaceHeld }
+
+func (b *heldBackend) Prepare(ctx context.Context, spec scope.Spec) (scope.Scope, error) {
+	sc, err := b.Backend.Prepare(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &heldScope{Scope: sc, b: b}, nil
+}
+
+type heldScope struct {
+	scope.Scope
+	b *heldBackend
+}
+
+func (s *heldScope) Started(ctx context.Context, pid int) error {
+	s.b.started.Add(1)
+	// Placing takes a while (a D-Bus round trip under systemd): a child
+	// that is not held would run its command meanwhile.
+	time.Sleep(200 * time.Millisecond)
+	if _, err := os.Stat(s.b.marker); err == nil {
+		s.b.ranEarly.Store(true)
+	}
+	if s.b.fail {
+		return errors.New("placing refused (test)")
+	}
+	return s.Scope.Started(ctx, pid)
+}
+
+func TestHeldChildRunsOnlyOncePlaced(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		name := map[bool]string{false: "placed", true: "placing fails"}[fail]
+		t.Run(name, func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "ran")
+			b := &heldBackend{Backend: scope.NewPgroup(), marker: marker, fail: fail}
+			tr := newTestReactor(t, func(c *Config) { c.Backend = b })
+			rec := tr.run(api.StartParams{Argv: []string{"touch", marker}})
+			if b.started.Load() != 1 {
+				t.Fatalf("Started called %d times, want 1", b.started.Load())
+			}
+			if b.ranEarly.Load() {
+				t.Error("the command ran before Started returned: the child was not held")
+			}
+			_, err := os.Stat(marker)
+			if !fail {
+				if outcome(rec) != api.OutcomeExited || err != nil {
+					t.Errorf("outcome %v, marker %v; want exited and the marker made once released", outcome(rec), err)
+				}
+				return
+			}
+			if outcome(rec) != api.OutcomeStartFailed || rec.Error == nil || !strings.Contains(*rec.Error, "place in scope") {
+				t.Errorf("outcome %v, error %v; want start_failed saying it could not be placed", outcome(rec), rec.Error)
+			}
+			if err == nil {
+				t.Error("the command ran although placing it failed: the hold was released, not aborted")
+			}
+		})
+	}
+}
