@@ -218,3 +218,28 @@ func TestTerminalBadInput(t *testing.T) {
 		t.Fatal("the loop is not responsive after a write flood")
 	}
 }
+
+// python3 -i on a terminal: its prompt, isatty for 0, 1 and 2, the size
+// after exec.resize as Python sees it, and EOF (close) ends it with 0.
+func TestTerminalPython(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	rec := tr.start(api.StartParams{Argv: []string{"python3", "-i", "-q"}, TTY: true, TimeoutMS: 60000})
+	tm := &term{tr: tr, id: rec.ID}
+	tm.expect(">>> ")
+	tm.typeIn("import os; print('tty', [os.isatty(i) for i in range(3)])\n")
+	tm.expect("tty [True, True, True]")
+	tm.expect(">>> ")
+	if _, err := tr.Resize(context.Background(), root, api.ResizeParams{ID: rec.ID, Rows: 33, Cols: 111}); err != nil {
+		t.Fatal(err)
+	}
+	tm.typeIn("print('size', tuple(os.get_terminal_size()))\n")
+	tm.expect("size (111, 33)")
+	tm.expect(">>> ")
+	if _, err := tr.Write(context.Background(), root, api.WriteParams{ID: rec.ID, Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	final := tr.wait(rec.ID)
+	if outcome(final) != api.OutcomeExited || *final.ExitCode != 0 {
+		t.Fatalf("after close: outcome %s exit %v, want exited 0", outcome(final), final.ExitCode)
+	}
+}
