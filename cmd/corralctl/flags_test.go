@@ -76,8 +76,11 @@ func TestParseRun(t *testing.T) {
 	orig := osLookup
 	t.Cleanup(func() { osLookup = orig })
 	osLookup = func(k string) (string, bool) {
-		if k == "HOME" {
+		switch k {
+		case "HOME":
 			return "/home/me", true
+		case "TERM":
+			return "xterm-256color", true
 		}
 		return "", false
 	}
@@ -111,6 +114,18 @@ func TestParseRun(t *testing.T) {
 			args: []string{"--", "true"},
 			want: api.StartParams{Argv: []string{"true"}},
 		},
+		{
+			name: "-it: a terminal with our TERM, stdin forwarded, idle limit",
+			args: []string{"-it", "--idle-timeout", "1m", "--", "sh"},
+			want: api.StartParams{Argv: []string{"sh"}, TTY: true, StdinOpen: true, IdleTimeoutMS: 60000,
+				Env: map[string]string{"TERM": "xterm-256color"}},
+		},
+		{
+			name: "--tty keeps a TERM given with --env",
+			args: []string{"--tty", "--env", "TERM=dumb", "sh"},
+			want: api.StartParams{Argv: []string{"sh"}, TTY: true, Env: map[string]string{"TERM": "dumb"}},
+		},
+		{name: "bad idle timeout", args: []string{"--idle-timeout", "soon", "true"}, wantErr: "invalid duration"},
 		{name: "no command", args: []string{"--timeout", "1s"}, wantErr: "no command"},
 		{name: "bad network", args: []string{"--network", "bridge", "true"}, wantErr: "--network"},
 		{name: "bad size", args: []string{"--memory", "lots", "true"}, wantErr: "invalid size"},
