@@ -32,7 +32,6 @@
 package systemd
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -40,7 +39,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/coreos/go-systemd/v22/journal"
 	"github.com/rs/zerolog/journald"
@@ -108,52 +106,23 @@ func WatchdogInterval() (time.Duration, bool) {
 }
 
 // Listeners returns the Unix stream sockets systemd passed by socket
-// activation: those named SocketName if any fd carries that name, else all
-// passed fds. It returns nil and no error when nothing was passed (or the
-// fds were meant for another process: LISTEN_PID is not ours). It unsets
-// LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES, marks the fds close-on-exec,
-// and must be called at most once per process. The listeners do not unlink
-// the socket path on Close (systemd owns it). The caller owns them.
+// activation (see TakePassed for which fds count as such) and closes every
+// other passed fd. It returns nil and no error when nothing was passed (or
+// the fds were meant for another process: LISTEN_PID is not ours). It
+// unsets LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES, marks the fds
+// close-on-exec, and must be called at most once per process (and not
+// together with TakePassed, which it calls). The listeners do not unlink the
+// socket path on Close (systemd owns it). The caller owns them.
 func Listeners() ([]*net.UnixListener, error) {
-	files := activation.Files(true)
-	if len(files) == 0 {
-		return nil, nil
-	}
-	named := false
-	for _, f := range files {
-		if f.Name() == SocketName {
-			named = true
-		}
-	}
-	var out []*net.UnixListener
-	var errs []error
-	for _, f := range files {
-		if named && f.Name() != SocketName {
-			f.Close()
-			continue
-		}
-		l, err := net.FileListener(f)
-		f.Close() // FileListener dups the fd
-		if err != nil {
-			errs = append(errs, fmt.Errorf("socket-activated fd %s: %w", f.Name(), err))
-			continue
-		}
-		ul, ok := l.(*net.UnixListener)
-		if !ok {
-			l.Close()
-			errs = append(errs, fmt.Errorf("socket-activated fd %s: %s listener, want a unix stream socket", f.Name(), l.Addr().Network()))
-			continue
-		}
-		ul.SetUnlinkOnClose(false)
-		out = append(out, ul)
-	}
-	if err := errors.Join(errs...); err != nil {
-		for _, l := range out {
-			l.Close()
-		}
+	p, err := TakePassed()
+	if err != nil {
+		p.Close()
 		return nil, err
 	}
-	return out, nil
+	socks := p.Sockets
+	p.Sockets = nil
+	p.Close()
+	return ListenersFrom(socks)
 }
 
 // JournalWriter returns zerolog's journald writer (see the package doc for
