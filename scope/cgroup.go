@@ -48,4 +48,8 @@ func Unenforced(s Scope) (Limits, bool) {
 // the scopes it removed; an error says which ones it could not remove.
 type LeftoverCleaner interface {
 	CleanLeftovers(ctx context.Context) ([]string, error)
+	// CleanLeftoversExcept is CleanLeftovers but leaves the scopes keep
+	// accepts (by the name Leftovers would report: a cgroup's directory
+	// name, a systemd unit's name): those of executions being adopted.
+	CleanLeftoversExcept(ctx context.Context, keep func(name string) bool) ([]string, error)
 }

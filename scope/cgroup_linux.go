@@ -250,6 +250,13 @@ func (b *cgroupBackend) removeLeftover(ctx context.Context, name string) error {
 
 // CleanLeftovers removes every leftover scope (see LeftoverCleaner).
 func (b *cgroupBackend) CleanLeftovers(ctx context.Context) ([]string, error) {
+	return b.CleanLeftoversExcept(ctx, nil)
+}
+
+// CleanLeftoversExcept removes every leftover scope but those keep accepts
+// (by name: the cgroup's directory name, the execution's id), which hold
+// executions the daemon adopts (see LeftoverCleaner).
+func (b *cgroupBackend) CleanLeftoversExcept(ctx context.Context, keep func(name string) bool) ([]string, error) {
 	names, err := b.Leftovers()
 	if err != nil {
 		return nil, err
@@ -257,6 +264,9 @@ func (b *cgroupBackend) CleanLeftovers(ctx context.Context) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, n := range names {
+		if keep != nil && keep(n) {
+			continue
+		}
 		if err := b.removeLeftover(ctx, n); err != nil {
 			errs = append(errs, err)
 			continue

@@ -137,6 +137,13 @@ func (b *systemdBackend) Prepare(_ context.Context, spec Spec) (Scope, error) {
 // left by a previous run of the daemon, and returns their names. Call it at
 // start-up, before any Prepare.
 func (b *systemdBackend) CleanLeftovers(ctx context.Context) ([]string, error) {
+	return b.CleanLeftoversExcept(ctx, nil)
+}
+
+// CleanLeftoversExcept is CleanLeftovers, but leaves the units keep accepts
+// (by unit name), which hold executions the daemon adopts, and units in
+// another slice than the backend's (another corrald's).
+func (b *systemdBackend) CleanLeftoversExcept(ctx context.Context, keep func(name string) bool) ([]string, error) {
 	var units []sddbus.UnitStatus
 	err := b.bus.call(ctx, func(c *sddbus.Conn) error {
 		var err error
@@ -149,6 +156,20 @@ func (b *systemdBackend) CleanLeftovers(ctx context.Context) ([]string, error) {
 	var names []string
 	var errs []error
 	for _, u := range units {
+		if keep != nil && keep(u.Name) {
+			continue
+		}
+		var slice string
+		_ = b.bus.call(ctx, func(c *sddbus.Conn) error {
+			p, err := c.GetUnitTypePropertyContext(ctx, u.Name, "Scope", "Slice")
+			if err == nil {
+				slice, _ = p.Value.Value().(string)
+			}
+			return err
+		})
+		if slice != "" && slice != b.opts.Slice {
+			continue // another corrald's
+		}
 		err := b.bus.call(ctx, func(c *sddbus.Conn) error {
 			return c.KillUnitWithTarget(ctx, u.Name, sddbus.All, int32(unix.SIGKILL))
 		})

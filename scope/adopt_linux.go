@@ -1,0 +1,101 @@
+package scope
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
+)
+
+// Adopter is implemented by backends that can take over a scope an earlier
+// image of corrald created (after a handover or a crash): name is the
+// scope's Name() as the execution's record holds it. The scope it returns
+// is Started already (a running tree in it, or an empty one); Signal,
+// Kill, Empty, Stats and Remove work as for a scope of this run. Blocking.
+type Adopter interface {
+	Adopt(ctx context.Context, name string, limits Limits) (Scope, error)
+}
+
+var (
+	_ Adopter = (*cgroupBackend)(nil)
+	_ Adopter = (*systemdBackend)(nil)
+	_ Adopter = pgroupBackend{}
+)
+
+// Adopt takes over the cgroup named by its path relative to the cgroup2
+// root; it must lie directly in the backend's base.
+func (b *cgroupBackend) Adopt(_ context.Context, name string, limits Limits) (Scope, error) {
+	dir := filepath.Join(b.mount, name)
+	if filepath.Dir(dir) != b.base {
+		return nil, fmt.Errorf("adopt cgroup %s: not in the cgroup base %s", name, b.base)
+	}
+	if err := checkScopeName(filepath.Base(dir)); err != nil {
+		return nil, fmt.Errorf("adopt cgroup %s: %w", name, err)
+	}
+	if !cgroupv2.IsCgroup2(dir) {
+		return nil, fmt.Errorf("adopt cgroup %s: gone", name)
+	}
+	s := &cgroupScope{cg: cgroupv2.Dir(dir), fd: -1, name: b.cgroupPath(dir)}
+	for _, c := range []struct {
+		ctrl string
+		v    int64
+		ptr  *int64
+	}{{"memory", limits.MemoryBytes, &s.unenforced.MemoryBytes}, {"pids", limits.TasksMax, &s.unenforced.TasksMax}} {
+		if c.v > 0 && !b.controllers[c.ctrl] {
+			*c.ptr = c.v
+		}
+	}
+	return s, nil
+}
+
+// Adopt takes over the running unit corral-<id>.scope.
+func (b *systemdBackend) Adopt(ctx context.Context, name string, limits Limits) (Scope, error) {
+	id, ok := strings.CutPrefix(name, ScopePrefix)
+	if id, ok = strings.CutSuffix(id, ScopeSuffix); !ok {
+		return nil, fmt.Errorf("adopt %s: not a corral scope unit", name)
+	}
+	if _, err := unitName(id); err != nil {
+		return nil, fmt.Errorf("adopt %s: %w", name, err)
+	}
+	s := &systemdScope{
+		b: b, id: id, unit: name, limits: limits, state: unitRunning,
+		paths: b.hier.cgroupsOf("/" + b.opts.Slice + "/" + name),
+		last:  unknownStats(),
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var cg string
+	err := b.bus.call(ctx, func(c *sddbus.Conn) error {
+		p, err := c.GetUnitTypePropertyContext(ctx, name, "Scope", "ControlGroup")
+		if err != nil {
+			return err
+		}
+		cg, _ = p.Value.Value().(string)
+		return nil
+	})
+	if err != nil && !noSuchUnit(err) {
+		return nil, fmt.Errorf("adopt %s: %w", name, err)
+	}
+	if cg != "" {
+		s.paths = b.hier.cgroupsOf(cg)
+	}
+	s.watch = s.startWatch(s.paths)
+	return s, nil
+}
+
+// Adopt takes over the process group "pgid:<n>".
+func (pgroupBackend) Adopt(_ context.Context, name string, limits Limits) (Scope, error) {
+	n, err := strconv.ParseInt(strings.TrimPrefix(name, "pgid:"), 10, 64)
+	if err != nil || !strings.HasPrefix(name, "pgid:") || n <= 1 {
+		return nil, fmt.Errorf("adopt %s: not a process group scope", name)
+	}
+	s := &pgroupScope{asked: limits}
+	s.pgid.Store(n)
+	return s, nil
+}
