@@ -96,6 +96,10 @@ type Record struct {
 	// Deadline is when the wall-clock limit ends the execution, while one
 	// applies (from running until exited). exec.update moves it.
 	Deadline *time.Time `json:"deadline,omitempty"`
+	// Adopted counts how many times a restarted or upgraded corrald took
+	// the running execution over (handover, or the fd store after a
+	// crash).
+	Adopted int `json:"adopted,omitempty"`
 }
 
 // TTYSize is a terminal's window size in character cells.
@@ -299,6 +303,26 @@ type Info struct {
 	Store    string            `json:"store,omitempty"` // "ok", "degraded: ...", "memory"
 	Checks   map[string]string `json:"checks,omitempty"`
 	Pool     *PoolInfo         `json:"pool,omitempty"`
+	// Survival is what of the running executions survives a restart of
+	// corrald on this host; Adopted how many this process took over at its
+	// start; StartedAt when this process (image) started.
+	Survival  *SurvivalInfo `json:"survival,omitempty"`
+	Adopted   int           `json:"adopted"`
+	StartedAt time.Time     `json:"started_at"`
+}
+
+// SurvivalInfo says what survives a restart of corrald (docs/corrald.md,
+// "Restarts and upgrades").
+type SurvivalInfo struct {
+	// Handover: a reload (SIGHUP) execs the binary on disk in place and
+	// hands every running execution over.
+	Handover bool `json:"handover"`
+	// FdStore: corrald runs under systemd with a file descriptor store, so
+	// running executions survive a crash of corrald too.
+	FdStore bool `json:"fdstore"`
+	// PidfdExitInfo: the kernel keeps the exit status of a child reaped by
+	// someone else while corrald was down (PIDFD_INFO_EXIT).
+	PidfdExitInfo bool `json:"pidfd_exit_info"`
 }
 
 // PoolInfo describes the warm pool of shims waiting in their scopes.

@@ -52,7 +52,7 @@ func (r *Reactor) killTree(e *execution) {
 		// The main process survived SIGKILL (uninterruptible sleep): report
 		// it and move on. The pidfd stays watched so it is reaped later.
 		r.toExited(e, exitResult{forced: fmt.Sprintf(
-			"main process %d did not exit %v after SIGKILL (uninterruptible sleep?)", e.proc.Pid, r.cfg.KillWait)})
+			"main process %d did not exit %v after SIGKILL (uninterruptible sleep?)", e.rec.PID, r.cfg.KillWait)})
 	})
 }
 
@@ -141,6 +141,7 @@ func (r *Reactor) finishCleanup(e *execution, leftover string) {
 	if e.stdin != nil {
 		r.closeStdin(e)
 	}
+	r.unparkFds(e, "")
 	sc, work, id := e.sc, e.work, e.id
 	go func() {
 		// The scope reads empty once its processes have exited, which is

@@ -25,6 +25,8 @@ type stream struct {
 	// parked are exec.output calls with wait_ms waiting for data past
 	// their offset, in arrival order (wait.go).
 	parked []*parkedRead
+	// spool holds what was read for a crash of corrald (adopt_spool_linux.go).
+	spool *spool
 }
 
 // info is the record's view of the stream: kept counts, and the bytes the
@@ -106,6 +108,8 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 			e.pidfd = -1
 		}
 	}
+	r.startSpools(e)
+	r.parkFds(e)
 	if e.pidfd < 0 {
 		// No pidfd: one goroutine does the Wait and posts the result.
 		proc := e.proc
@@ -187,6 +191,7 @@ func (r *Reactor) keep(e *execution, s *stream, chunk []byte) {
 	off := s.kept.total
 	s.kept.write(chunk)
 	e.sawOutput()
+	s.spool.write(chunk, s.kept)
 	if len(e.followers) > 0 {
 		note := api.OutputNotification{ID: e.id, Stream: s.name, Offset: off, Data: chunk}
 		for f := range e.followers {
@@ -305,4 +310,5 @@ func (r *Reactor) closeStdin(e *execution) {
 	unix.Close(in.fd)
 	in.fd = -1
 	in.closeAfter = true
+	r.unparkFds(e, RoleStdin) // a stored copy would keep the child's stdin open
 }

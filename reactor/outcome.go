@@ -38,7 +38,13 @@ type exitStatus struct {
 // waitStatus decodes ps.
 func waitStatus(ps *os.ProcessState) exitStatus {
 	ws, _ := ps.Sys().(syscall.WaitStatus)
-	st := exitStatus{cpuMS: rusageCPU(ps)}
+	return decodeStatus(ws, rusageCPU(ps))
+}
+
+// decodeStatus decodes a wait status, with the CPU time the main process
+// used (for the cpu_limit rule).
+func decodeStatus(ws syscall.WaitStatus, cpuMS int64) exitStatus {
+	st := exitStatus{cpuMS: cpuMS}
 	switch {
 	case ws.Exited():
 		st.exited, st.code = true, ws.ExitStatus()

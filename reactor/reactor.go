@@ -65,6 +65,16 @@ type Config struct {
 	// Observer is told of transitions, output and store writes (metrics,
 	// traces); nil: nobody.
 	Observer Observer
+	// FdStore, when set, receives each execution's fds so that it
+	// survives a crash of corrald (adopt_linux.go); output is then spooled
+	// to <StateDir>/spool as it is read.
+	FdStore FdStore
+	// NoPidfdExitInfo forces the path of a kernel without PIDFD_INFO_EXIT:
+	// an adopted child reaped by someone else ends lost.
+	NoPidfdExitInfo bool
+	// Adopt are the executions an earlier image of corrald ran, to take
+	// over (after a handover or a crash).
+	Adopt []Adoptee
 }
 
 // Reactor supervises executions. Create it with New, drive it with Run.
@@ -93,6 +103,9 @@ type Reactor struct {
 	// fallback waiter goroutine.
 	reapedPidfd, reapedWaiter atomic.Int64
 	stopping                  atomic.Bool
+	handover                  handoverState
+	adopted                   int // executions taken over at start; fixed after New
+	startedAt                 time.Time
 	runningAt                 atomic.Int64 // running count mirrored for Info
 }
 
@@ -132,28 +145,36 @@ func New(cfg Config) (*Reactor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reactor: %w", err)
 	}
-	var rp *reaper
-	if cfg.Subreaper {
-		if rp, err = startReaper(cfg.Log); err != nil {
-			loop.Close()
-			return nil, fmt.Errorf("reactor: %w", err)
-		}
-	}
 	st := cfg.Store
 	if st == nil {
 		st = store.NewMemory()
 	}
 	r := &Reactor{
-		store:   st,
-		acks:    newAcker(),
-		reaper:  rp,
-		cfg:     cfg,
-		log:     cfg.Log,
-		loop:    loop,
-		execs:   make(map[string]*execution),
-		dirty:   make(map[*execution]struct{}),
-		perUID:  make(map[uint32]int),
-		readBuf: make([]byte, pipeSize), // one read can empty a full pipe
+		store:     st,
+		acks:      newAcker(),
+		startedAt: time.Now(),
+		cfg:       cfg,
+		log:       cfg.Log,
+		loop:      loop,
+		execs:     make(map[string]*execution),
+		dirty:     make(map[*execution]struct{}),
+		perUID:    make(map[uint32]int),
+		readBuf:   make([]byte, pipeSize), // one read can empty a full pipe
+	}
+	// Adopted children are registered as main processes before the reaper
+	// runs: it must never reap one of them as an orphan.
+	mains := r.prepareAdoptions()
+	if cfg.Subreaper {
+		if r.reaper, err = startReaper(cfg.Log, mains...); err != nil {
+			loop.Close()
+			return nil, fmt.Errorf("reactor: %w", err)
+		}
+	}
+	if len(r.cfg.Adopt) > 0 {
+		if err := loop.Post(r.readoptAll); err != nil {
+			loop.Close()
+			return nil, fmt.Errorf("reactor: %w", err)
+		}
 	}
 	if cfg.PoolSize > 0 {
 		r.pool = newPool(r, cfg.PoolSize)

@@ -31,11 +31,14 @@ type reaper struct {
 	done  chan struct{}
 }
 
-func startReaper(log zerolog.Logger) (*reaper, error) {
+func startReaper(log zerolog.Logger, mains ...int) (*reaper, error) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return nil, os.NewSyscallError("prctl PR_SET_CHILD_SUBREAPER", err)
 	}
 	rp := &reaper{log: log, mains: make(map[int]int), stop: make(chan struct{}), done: make(chan struct{})}
+	for _, pid := range mains { // adopted main processes (adopt_linux.go)
+		rp.mains[pid]++
+	}
 	go rp.run()
 	return rp, nil
 }

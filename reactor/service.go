@@ -22,6 +22,10 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	if r.stopping.Load() {
 		return api.Record{}, api.Errorf(api.CodeShuttingDown, "daemon is shutting down")
 	}
+	if !r.startBegin() {
+		return api.Record{}, api.Errorf(api.CodeShuttingDown, "daemon is handing over to its new binary; retry")
+	}
+	defer r.startDone()
 	if err := normalize(&p, r.cfg.Defaults); err != nil {
 		return api.Record{}, err
 	}
@@ -268,6 +272,8 @@ func (r *Reactor) Signal(ctx context.Context, caller api.Owner, p api.SignalPara
 		case e.state.Finished():
 		case e.state == api.StateStarted:
 			err = api.Errorf(api.CodeInvalidParams, "id: execution is still starting; retry")
+		case p.Target == "main" && e.proc == nil:
+			err = api.Errorf(api.CodeInvalidParams, "signal main process: %v", os.ErrProcessDone)
 		case p.Target == "main":
 			if serr := e.proc.Signal(sig); serr != nil {
 				err = api.Errorf(api.CodeInvalidParams, "signal main process: %v", serr)
@@ -439,6 +445,8 @@ func (r *Reactor) Info(ctx context.Context) (api.Info, error) {
 		}
 		info.Pool = pi
 	}
+	info.Adopted = r.adopted
+	info.StartedAt = r.startedAt
 	return info, nil
 }
 

@@ -52,6 +52,7 @@ type execution struct {
 	stdin   *stdinPipe
 	tty     *terminal // tty: true: the terminal's master, owned here (tty_linux.go)
 	work    string    // workspace to delete at cleanup, or ""
+	parked  bool      // its fds are in the fd store (adopt_linux.go)
 
 	timeout, grace, killWait, sampler, reap *eventloop.Timer
 	idle                                    *eventloop.Timer // idle_timeout_ms (deadline.go)
@@ -155,6 +156,14 @@ func (r *Reactor) toCanceling(e *execution, c cancelRequest) {
 	r.enterCanceling(e, c)
 }
 
+// resumeCanceling takes over an execution an earlier image of corrald was
+// already ending (adopt_linux.go): c as decided then; SIGKILL at once, its
+// grace ran while corrald was down.
+func (r *Reactor) resumeCanceling(e *execution, c cancelRequest) {
+	e.cancel = &c
+	r.killAdopted(e)
+}
+
 // enterCanceling makes the move of toCanceling, with c decided.
 func (r *Reactor) enterCanceling(e *execution, c cancelRequest) {
 	if !r.transition(e, api.StateCanceling) {
@@ -187,6 +196,10 @@ type exitResult struct {
 	startErr error  // the command never ran
 	errno    string // errno name of startErr
 	forced   string // reached exited without a Wait: why
+	// An adopted child someone else reaped: its status from the pidfd
+	// (PIDFD_INFO_EXIT), or why it cannot be known (outcome lost).
+	status *syscall.WaitStatus
+	lost   string
 }
 
 // toExited: started|running|canceling -> exited. The main process was reaped
@@ -232,9 +245,24 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 			e.rec.Usage.CPUSystemMS = ru.Stime.Nano() / 1e6
 			e.rec.Usage.PeakMemoryBytes = ru.Maxrss * 1024
 		}
+	} else if res.status != nil {
+		// Reaped by another process (adopt_linux.go): no rusage; the
+		// scope's counters stand in for it.
+		f.status = decodeStatus(*res.status, max(stats.CPUUsageNS, 0)/1e6)
+		if f.status.exited {
+			code := f.status.code
+			e.rec.ExitCode = &code
+		}
+		if f.status.signaled {
+			name := signalName(f.status.signal)
+			e.rec.Signal = &name
+		}
 	}
 	mergeStats(&e.rec.Usage, stats)
 	outcome, errText := decideOutcome(f)
+	if res.lost != "" {
+		outcome, errText = api.OutcomeLost, res.lost
+	}
 	e.rec.Outcome = &outcome
 	if errText != "" {
 		e.rec.Error = &errText
@@ -280,6 +308,9 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 	// The final record, with the kept output, is durable before any client
 	// hears of it; from then on the store answers for it.
 	r.persist(e, e.prev, rec, func(ok bool) {
+		if ok {
+			r.dropSpools(e) // the store holds the kept output now
+		}
 		r.tell(e, rec)
 		e.done = true
 		for ch := range e.waiters {

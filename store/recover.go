@@ -37,6 +37,21 @@ func Lost(rec api.Record, now time.Time) api.Record {
 // every write, so it must not run on the loop goroutine. It returns the
 // number of records it cleaned.
 func Recover(s Store, log zerolog.Logger, now time.Time, clean func(api.Record) error) (int, error) {
+	return RecoverWith(s, log, now, RecoverOptions{}, clean)
+}
+
+// RecoverOptions refine Recover.
+type RecoverOptions struct {
+	// Skip leaves the records it accepts alone: the daemon adopts them
+	// (their children survived the restart).
+	Skip func(api.Record) bool
+	// Why, when set, gives the error text of a lost record (what made
+	// survival impossible) instead of LostError.
+	Why func(api.Record) string
+}
+
+// RecoverWith is Recover with options.
+func RecoverWith(s Store, log zerolog.Logger, now time.Time, opts RecoverOptions, clean func(api.Record) error) (int, error) {
 	recs, err := s.Unfinished()
 	if err != nil {
 		return 0, fmt.Errorf("recover: %w", err)
@@ -44,9 +59,17 @@ func Recover(s Store, log zerolog.Logger, now time.Time, clean func(api.Record) 
 	n := 0
 	var errs []error
 	for _, rec := range recs {
+		if opts.Skip != nil && opts.Skip(rec) {
+			continue
+		}
 		from := rec.State
 		if from != api.StateExited {
 			rec = Lost(rec, now)
+			if opts.Why != nil {
+				if why := opts.Why(rec); why != "" {
+					rec.Error = &why
+				}
+			}
 			if r := <-s.Transition(from, rec); r.Err != nil {
 				errs = append(errs, fmt.Errorf("recover %s: %w", rec.ID, r.Err))
 				continue

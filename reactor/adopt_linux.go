@@ -1,0 +1,454 @@
+package reactor
+
+// Re-adoption: a corrald that starts after a handover (the previous image
+// exec'd this one, same pid) or after a crash (systemd restarted it and
+// passed back the fd store) takes over the executions the previous image
+// ran, instead of recording them lost. What it needs and where it comes
+// from:
+//
+//   - the record and the exec.start params: the store;
+//   - the pidfd, the output read ends and the stdin write end: passed fds
+//     named "<id>.<role>" (the fd store, or the handover's own list);
+//   - the kept output: the spool files (adopt_spool_linux.go), written as
+//     the output was read (crash) or at the handover;
+//   - deadlines: absolute, from started_at + timeout_ms in the record;
+//   - what only memory held (a pending cancel's outcome, stdin still
+//     queued): the handover's state, absent after a crash.
+//
+// The exit status: a child of this process (handover) is waited for as
+// always. A child reparented while corrald was down (crash) is someone
+// else's to reap; its pidfd still turns readable when it exits, and once
+// it is reaped the kernel tells its status (PIDFD_INFO_EXIT). Where it
+// cannot, the execution ends lost and its error says why.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/eventloop"
+	"github.com/corral-dev/corral/redact"
+	"github.com/corral-dev/corral/scope"
+)
+
+// FdStore parks fds with the service manager so that they outlive a crash
+// of corrald (systemd's fd store). Names are "<exec-id>.<role>". Both
+// methods are cheap (a datagram) and are called on the loop goroutine.
+type FdStore interface {
+	Store(name string, fd int) error
+	Remove(name string) error
+}
+
+// Fd roles of an execution. Others may be added (e.g. "pty"); an adopted
+// execution's fds are looked up by these names.
+const (
+	RolePidfd  = "pidfd"
+	RoleStdout = "stdout"
+	RoleStderr = "stderr"
+	RoleStdin  = "stdin"
+)
+
+// Adoptee is one execution to take over at start.
+type Adoptee struct {
+	Record api.Record
+	Params api.StartParams
+	// Fds are the execution's passed fds by role. The reactor owns them
+	// from New on (it closes those it does not use).
+	Fds map[string]int
+	// Handover is the state a handover wrote for it; nil after a crash.
+	Handover *HandoverExec
+}
+
+// HandoverExec is what of an execution only the previous image's memory
+// held.
+type HandoverExec struct {
+	Pending    api.Outcome `json:"pending,omitempty"`
+	Hard       bool        `json:"hard,omitempty"`
+	Stdin      []byte      `json:"stdin,omitempty"`
+	StdinClose bool        `json:"stdin_close,omitempty"`
+	Raw        [2]int64    `json:"raw"` // bytes the child wrote, per stream, when redacting
+	Spooled    bool        `json:"spooled"`
+}
+
+// LostNoPidfdExit is the error of an adopted execution whose main process
+// was reaped by someone else on a kernel that does not keep its status.
+const LostNoPidfdExit = "corrald restarted while the execution ran; its main process exited meanwhile and was reaped by another process, and this kernel does not keep the exit status for its pidfd (PIDFD_INFO_EXIT, Linux >= 6.15)"
+
+// prepareAdoptions builds the executions of cfg.Adopt before the loop runs:
+// their scopes (a D-Bus round trip under systemd: not on the loop) and their
+// processes. It returns the pids to register as main processes.
+func (r *Reactor) prepareAdoptions() []int {
+	var pids []int
+	ad, _ := r.cfg.Backend.(scope.Adopter)
+	for i := range r.cfg.Adopt {
+		a := &r.cfg.Adopt[i]
+		rec := a.Record
+		e := &execution{
+			id: rec.ID, owner: rec.Owner, params: a.Params,
+			state: rec.State, rec: rec, pidfd: -1,
+			waiters:   make(map[chan api.Record]struct{}),
+			followers: make(map[*follower]struct{}),
+		}
+		if rec.Workspace != nil {
+			e.work = *rec.Workspace
+		}
+		if rec.Scope != "" && ad != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			sc, err := ad.Adopt(ctx, rec.Scope, scope.Limits{MemoryBytes: a.Params.MemoryBytes, TasksMax: a.Params.TasksMax, CPUMS: a.Params.CPUMS})
+			cancel()
+			if err != nil {
+				r.log.Warn().Err(err).Str("exec_id", rec.ID).Str("scope", rec.Scope).Msg("adopt: cannot take over the scope; the tree cannot be killed as a whole")
+			}
+			e.sc = sc
+		}
+		if fd, ok := a.Fds[RolePidfd]; ok && rec.PID > 0 {
+			// The pid may be another process's by now: trust it only if it
+			// is the one behind the pidfd.
+			if p, err := os.FindProcess(rec.PID); err == nil && sameProcess(p, fd) {
+				e.proc = p
+				pids = append(pids, rec.PID)
+			}
+		}
+		r.execs[e.id] = e
+		r.running++
+		r.perUID[e.owner.UID]++
+		r.total.Add(1)
+		r.adopted++
+	}
+	r.runningAt.Store(int64(r.running))
+	return pids
+}
+
+// readoptAll takes every prepared execution into the loop. Loop goroutine;
+// the first thing the loop runs.
+func (r *Reactor) readoptAll() {
+	for i := range r.cfg.Adopt {
+		a := &r.cfg.Adopt[i]
+		if e := r.execs[a.Record.ID]; e != nil {
+			r.readopt(e, a)
+		}
+	}
+	r.cfg.Adopt = nil
+}
+
+// readopt takes e over: pipes, stdin, pidfd, timers, then carries on from
+// the state its record is in. Loop goroutine only.
+func (r *Reactor) readopt(e *execution, a *Adoptee) {
+	fds := a.Fds
+	ho := a.Handover
+	take := func(role string) int {
+		fd, ok := fds[role]
+		if !ok {
+			return -1
+		}
+		delete(fds, role)
+		return fd
+	}
+	e.rec.Adopted++
+	e.parked = r.cfg.FdStore != nil // still in the store from before
+	for i, role := range []string{RoleStdout, RoleStderr} {
+		s := &stream{name: role, fd: take(role)}
+		var err error
+		var ok bool
+		if r.cfg.StateDir != "" {
+			path := spoolPath(r.cfg.StateDir, e.id, role)
+			s.kept, ok, err = readSpool(path, e.params.OutputLimitBytes)
+			if err != nil {
+				r.log.Warn().Err(err).Str("exec_id", e.id).Msg("adopt: kept output")
+			}
+			if ok && r.spooling() && s.fd >= 0 {
+				if s.spool, err = reopenSpool(path, s.kept); err != nil {
+					r.log.Warn().Err(err).Str("exec_id", e.id).Msg("adopt: reopen spool")
+				}
+			}
+		} else {
+			s.kept = newKeptOutput(e.params.OutputLimitBytes)
+		}
+		if !ok {
+			// Nothing kept survived: the counts of the record are all that
+			// is known of what was read before.
+			st := [2]api.StreamInfo{e.rec.Stdout, e.rec.Stderr}[i]
+			s.kept.total = st.TotalBytes
+		}
+		if e.params.Redact {
+			s.red = redact.New()
+			s.raw = s.kept.total
+			if ho != nil && ho.Raw[i] > 0 {
+				s.raw = ho.Raw[i]
+			}
+		}
+		if s.spool == nil && s.fd >= 0 && r.spooling() {
+			s.spool = r.openSpool(e, s)
+		}
+		e.streams[i] = s
+		if s.fd >= 0 {
+			_ = unix.SetNonblock(s.fd, true)
+			if err := r.loop.Add(s.fd, eventloop.Readable, func(eventloop.Events) { r.drain(e, s) }); err != nil {
+				r.log.Error().Err(err).Str("exec_id", e.id).Msg("adopt: watch output pipe")
+				unix.Close(s.fd)
+				s.fd = -1
+			}
+		}
+	}
+	if e.params.StdinOpen || len(e.params.Stdin) > 0 {
+		e.stdin = &stdinPipe{fd: take(RoleStdin)}
+		switch {
+		case e.stdin.fd < 0:
+			e.stdin.closeAfter = true
+		case ho != nil:
+			e.stdin.buf, e.stdin.closeAfter = ho.Stdin, ho.StdinClose
+			_ = unix.SetNonblock(e.stdin.fd, true)
+			r.flushStdin(e)
+		case !e.params.StdinOpen:
+			// Given stdin whose writing a crash interrupted: how much got
+			// through is unknown; end it rather than write it twice.
+			r.closeStdin(e)
+		default:
+			_ = unix.SetNonblock(e.stdin.fd, true)
+		}
+	}
+	pidfd := take(RolePidfd)
+	for role, fd := range fds { // roles this version does not know
+		r.log.Warn().Str("exec_id", e.id).Str("role", role).Msg("adopt: closing a passed fd of unknown role")
+		unix.Close(fd)
+	}
+	ev := r.audit(e, "adopted").Stringer("state", e.state).Int("adopted", e.rec.Adopted).
+		Bool("handover", ho != nil).Int64("stdout_bytes", e.streams[0].kept.total)
+	ev.Msg("execution adopted")
+
+	switch e.state {
+	case api.StateExited:
+		// Exited before the restart; only the cleanup was left.
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+		r.persist(e, e.state, r.snapshot(e), nil)
+		r.startCleanup(e)
+		return
+	case api.StateRunning, api.StateCanceling:
+	default:
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+		r.toExited(e, exitResult{lost: "corrald restarted while the execution was starting"})
+		return
+	}
+	if pidfd < 0 {
+		r.toExited(e, exitResult{lost: "corrald restarted while the execution ran and its pidfd was not passed back"})
+		return
+	}
+	e.pidfd = pidfd
+	if err := r.loop.Add(e.pidfd, eventloop.Readable, func(eventloop.Events) { r.reapAdopted(e, time.Now()) }); err != nil {
+		r.log.Error().Err(err).Str("exec_id", e.id).Msg("adopt: watch pidfd")
+		r.toExited(e, exitResult{lost: fmt.Sprintf("adopt: cannot watch the pidfd: %v", err)})
+		return
+	}
+	r.persist(e, e.state, r.snapshot(e), nil)
+	if e.state == api.StateCanceling {
+		r.resumeCanceling(e, cancelRequest{why: r.pendingOutcome(e, ho), hard: true, reason: e.rec.CancelReason})
+		return
+	}
+	// Running: the deadline is absolute; one that passed while corrald was
+	// down fires now. The idle limit counts from the adoption (when the
+	// last byte came is not stored).
+	switch {
+	case e.rec.Deadline != nil:
+		e.deadline = *e.rec.Deadline
+	case e.rec.StartedAt != nil:
+		e.deadline = e.rec.StartedAt.Add(time.Duration(e.params.TimeoutMS) * time.Millisecond)
+	default:
+		e.deadline = time.Now().Add(time.Duration(e.params.TimeoutMS) * time.Millisecond)
+	}
+	r.armDeadline(e)
+	r.armIdle(e)
+	if e.params.CPUMS > 0 || e.params.MemoryBytes > 0 {
+		r.armSampler(e)
+	}
+}
+
+// pendingOutcome is the outcome an execution that was canceling when
+// corrald restarted will have: the handover's, else the likeliest from the
+// record.
+func (r *Reactor) pendingOutcome(e *execution, ho *HandoverExec) api.Outcome {
+	switch {
+	case ho != nil && ho.Pending != "":
+		return ho.Pending
+	case e.rec.CancelReason != "":
+		return api.OutcomeCancelled
+	case e.rec.StartedAt != nil && time.Since(*e.rec.StartedAt) >= time.Duration(e.params.TimeoutMS)*time.Millisecond:
+		return api.OutcomeTimeout
+	case e.params.CPUMS > 0 && e.rec.Usage.CPUUserMS+e.rec.Usage.CPUSystemMS >= e.params.CPUMS:
+		return api.OutcomeCPULimit
+	}
+	return api.OutcomeCancelled
+}
+
+// killAdopted ends a canceling adopted execution at once: its grace ran
+// while corrald was down.
+func (r *Reactor) killAdopted(e *execution) {
+	if e.proc != nil {
+		r.killTree(e)
+		return
+	}
+	if sc := e.sc; sc != nil {
+		go func() { _ = sc.Kill() }()
+	}
+}
+
+// reapAdopted runs when an adopted execution's pidfd is readable. A child
+// of this process is waited for; one reparented while corrald was down
+// (ECHILD) has its status read from the pidfd once its new parent reaped
+// it. Loop goroutine only.
+func (r *Reactor) reapAdopted(e *execution, since time.Time) {
+	if e.pidfd < 0 || e.state.Finished() {
+		return
+	}
+	if since.IsZero() {
+		since = time.Now()
+	}
+	_ = r.loop.Remove(e.pidfd)
+	if e.proc != nil {
+		ps, err := e.proc.Wait()
+		if err == nil {
+			r.reaper.reaped(e.proc.Pid)
+			r.reapedPidfd.Add(1)
+			unix.Close(e.pidfd)
+			e.pidfd = -1
+			r.toExited(e, exitResult{ps: ps})
+			return
+		}
+		r.reaper.reaped(e.proc.Pid)
+	}
+	ws, ok, err := r.pidfdExit(e.pidfd)
+	switch {
+	case ok:
+		unix.Close(e.pidfd)
+		e.pidfd = -1
+		sws := syscall.WaitStatus(ws)
+		r.toExited(e, exitResult{status: &sws})
+	case err != nil:
+		unix.Close(e.pidfd)
+		e.pidfd = -1
+		r.toExited(e, exitResult{lost: LostNoPidfdExit})
+	case time.Since(since) > r.cfg.KillWait:
+		unix.Close(e.pidfd)
+		e.pidfd = -1
+		r.toExited(e, exitResult{lost: fmt.Sprintf("corrald restarted while the execution ran; its main process exited and was not reaped by its new parent within %v, so its exit status is unknown", r.cfg.KillWait)})
+	default:
+		// Exited but not reaped yet by its new parent (PID 1, a
+		// subreaper): look again shortly.
+		r.loop.AfterFunc(10*time.Millisecond, func() { r.reapAdopted(e, since) })
+	}
+}
+
+// pidfdExit is pidfdExit unless Config.NoPidfdExitInfo forces the path of
+// a kernel without PIDFD_INFO_EXIT.
+func (r *Reactor) pidfdExit(fd int) (unix.WaitStatus, bool, error) {
+	if r.cfg.NoPidfdExitInfo {
+		// Still tell "not exited yet" from "exited": a reaped process's
+		// pidfd polls POLLHUP too, which is what such a kernel offers.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, _ := unix.Poll(fds, 0); n > 0 && fds[0].Revents&unix.POLLHUP != 0 {
+			return 0, false, errNoPidfdExit
+		}
+		return 0, false, nil
+	}
+	return pidfdExit(fd)
+}
+
+// spooling reports whether output is spooled as it is read: when a crash
+// can be survived at all (an fd store) and there is a state directory.
+func (r *Reactor) spooling() bool { return r.cfg.FdStore != nil && r.cfg.StateDir != "" }
+
+// openSpool starts the spool of s. Loop goroutine only.
+func (r *Reactor) openSpool(e *execution, s *stream) *spool {
+	sp, err := newSpool(spoolPath(r.cfg.StateDir, e.id, s.name), int64(s.kept.half))
+	if err != nil {
+		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("spool output; a crash of corrald would lose what was read")
+		return nil
+	}
+	if s.kept.total > 0 {
+		sp.compact(s.kept)
+	}
+	return sp
+}
+
+// parkFds hands e's fds to the fd store as they exist now. Loop goroutine.
+func (r *Reactor) parkFds(e *execution) {
+	if r.cfg.FdStore == nil {
+		return
+	}
+	if e.pidfd < 0 {
+		// Without a pidfd nothing can be re-adopted: do not park the rest.
+		return
+	}
+	park := func(role string, fd int) {
+		if fd < 0 {
+			return
+		}
+		if err := r.cfg.FdStore.Store(e.id+"."+role, fd); err != nil {
+			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", role).Msg("fd store: park; the execution would not survive a crash of corrald")
+		}
+	}
+	park(RolePidfd, e.pidfd)
+	for _, s := range e.streams {
+		if s != nil {
+			park(s.name, s.fd)
+		}
+	}
+	if e.stdin != nil {
+		park(RoleStdin, e.stdin.fd)
+	}
+	e.parked = true
+}
+
+// unparkFds removes role's fd of e from the fd store (all of e's roles when
+// role is ""). Loop goroutine.
+func (r *Reactor) unparkFds(e *execution, role string) {
+	if r.cfg.FdStore == nil || !e.parked {
+		return
+	}
+	roles := []string{role}
+	if role == "" {
+		roles = []string{RolePidfd, RoleStdout, RoleStderr, RoleStdin}
+		e.parked = false
+	}
+	for _, ro := range roles {
+		if err := r.cfg.FdStore.Remove(e.id + "." + ro); err != nil {
+			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", ro).Msg("fd store: remove")
+		}
+	}
+}
+
+// startSpools opens the spools of a new execution's streams. Loop.
+func (r *Reactor) startSpools(e *execution) {
+	if !r.spooling() {
+		return
+	}
+	for _, s := range e.streams {
+		if s != nil && s.fd >= 0 {
+			s.spool = r.openSpool(e, s)
+		}
+	}
+}
+
+// dropSpools closes and deletes e's spool files once its final record
+// (with the kept output) is durable. Loop goroutine.
+func (r *Reactor) dropSpools(e *execution) {
+	if r.cfg.StateDir == "" {
+		return
+	}
+	for _, s := range e.streams {
+		if s != nil {
+			s.spool.close()
+		}
+	}
+	for _, name := range []string{RoleStdout, RoleStderr} {
+		_ = os.Remove(spoolPath(r.cfg.StateDir, e.id, name))
+	}
+}

@@ -1,0 +1,180 @@
+package reactor
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// A spool is the kept output of one stream of a running execution, on disk,
+// so that a crash of corrald loses no byte it had read from the pipe: every
+// chunk is written to the spool (one pwrite, in the kernel's hands once it
+// returns) before the next read. The restarted corrald rebuilds the kept
+// output from it; the pipe, parked in the fd store, holds the rest.
+//
+// Layout: an 8-byte header T (little endian), then data. T == 0: the data
+// is the stream from offset 0, contiguous. T > 0: the data is the head
+// (exactly half bytes, the stream's first) followed by the stream from
+// offset T on. Appending is one pwrite at the end; when the data outgrows
+// what is kept by spoolSlack, the spool is rewritten from the kept output
+// (a new file renamed over the old one), so it stays bounded.
+type spool struct {
+	path string
+	fd   int
+	half int64 // bytes kept at each end (keptOutput.half)
+	t    int64 // header
+	size int64 // data bytes
+	err  error // first failed write: the spool is abandoned
+}
+
+const (
+	spoolHeader = 8
+	spoolSlack  = 1 << 20
+)
+
+// spoolDir holds the spools: <StateDir>/spool.
+func spoolDir(stateDir string) string { return filepath.Join(stateDir, "spool") }
+
+func spoolPath(stateDir, id, stream string) string {
+	return filepath.Join(spoolDir(stateDir), id+"."+stream)
+}
+
+// newSpool creates an empty spool at path for a stream keeping 2*half.
+func newSpool(path string, half int64) (*spool, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("spool: %w", err)
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("spool %s: %w", path, os.NewSyscallError("open", err))
+	}
+	sp := &spool{path: path, fd: fd, half: half}
+	if _, err := unix.Pwrite(fd, make([]byte, spoolHeader), 0); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("spool %s: %w", path, os.NewSyscallError("pwrite", err))
+	}
+	return sp, nil
+}
+
+// write appends chunk, which k (the stream's kept output) has just taken
+// in. Loop goroutine only.
+func (sp *spool) write(chunk []byte, k *keptOutput) {
+	if sp == nil || sp.err != nil || len(chunk) == 0 {
+		return
+	}
+	n, err := unix.Pwrite(sp.fd, chunk, spoolHeader+sp.size)
+	if err == nil && n < len(chunk) {
+		err = errors.New("short write")
+	}
+	if err != nil {
+		sp.err = fmt.Errorf("spool %s: %w", sp.path, err)
+		return
+	}
+	sp.size += int64(n)
+	kept := int64(len(k.head) + len(k.tail))
+	if sp.size > kept+max(sp.half, spoolSlack) {
+		sp.compact(k)
+	}
+}
+
+// compact rewrites the spool as k's kept output.
+func (sp *spool) compact(k *keptOutput) {
+	tmp := sp.path + ".tmp"
+	if err := writeSpoolFile(tmp, k); err != nil {
+		sp.err = err
+		return
+	}
+	fd, err := unix.Open(tmp, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		sp.err = fmt.Errorf("spool %s: %w", tmp, os.NewSyscallError("open", err))
+		return
+	}
+	if err := os.Rename(tmp, sp.path); err != nil {
+		unix.Close(fd)
+		sp.err = fmt.Errorf("spool %s: %w", sp.path, err)
+		return
+	}
+	unix.Close(sp.fd)
+	sp.fd = fd
+	sp.t, sp.size = spoolT(k), int64(len(k.head)+len(k.tail))
+}
+
+// spoolT is the header that describes k's kept output.
+func spoolT(k *keptOutput) int64 {
+	if k.total == int64(len(k.head)+len(k.tail)) {
+		return 0 // nothing dropped: contiguous
+	}
+	return k.tailOffset()
+}
+
+// writeSpoolFile writes k's kept output as a spool at path (for a
+// compaction, and for a handover when nothing was spooled).
+func writeSpoolFile(path string, k *keptOutput) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("spool: %w", err)
+	}
+	buf := make([]byte, spoolHeader, spoolHeader+len(k.head)+len(k.tail))
+	binary.LittleEndian.PutUint64(buf, uint64(spoolT(k)))
+	buf = append(buf, k.head...)
+	buf = append(buf, k.tailBytes()...)
+	if err := os.WriteFile(path, buf, 0o600); err != nil {
+		return fmt.Errorf("spool %s: %w", path, err)
+	}
+	return nil
+}
+
+// close closes the spool's fd; the file stays until remove.
+func (sp *spool) close() {
+	if sp != nil && sp.fd >= 0 {
+		unix.Close(sp.fd)
+		sp.fd = -1
+	}
+}
+
+// readSpool rebuilds the kept output of a stream keeping limit bytes from
+// the spool at path. ok is false when there is none.
+func readSpool(path string, limit int64) (k *keptOutput, ok bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return newKeptOutput(limit), false, nil
+	}
+	if err != nil {
+		return newKeptOutput(limit), false, fmt.Errorf("read spool: %w", err)
+	}
+	k = newKeptOutput(limit)
+	if len(b) < spoolHeader {
+		return k, false, fmt.Errorf("read spool %s: %d bytes, no header", path, len(b))
+	}
+	t := int64(binary.LittleEndian.Uint64(b))
+	data := b[spoolHeader:]
+	if t == 0 {
+		k.write(data)
+		return k, true, nil
+	}
+	half := int64(k.half)
+	if int64(len(data)) < half || t < half {
+		return k, false, fmt.Errorf("read spool %s: header %d does not fit %d data bytes", path, t, len(data))
+	}
+	k.write(data[:half])
+	k.total = t
+	k.write(data[half:])
+	return k, true, nil
+}
+
+// reopenSpool continues appending to the spool at path, which holds k.
+func reopenSpool(path string, k *keptOutput) (*spool, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("spool %s: %w", path, os.NewSyscallError("open", err))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("spool %s: %w", path, os.NewSyscallError("fstat", err))
+	}
+	return &spool{path: path, fd: fd, half: int64(k.half), t: spoolT(k), size: st.Size - spoolHeader}, nil
+}

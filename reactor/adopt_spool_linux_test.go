@@ -1,0 +1,69 @@
+package reactor
+
+import (
+	"bytes"
+	"math/rand"
+	"path/filepath"
+	"testing"
+)
+
+// TestSpoolRebuildsKeptOutput: whatever was written, and however often the
+// spool was compacted, the kept output read back from it is the one kept in
+// memory: same total, same head, same tail.
+func TestSpoolRebuildsKeptOutput(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		limit int64
+		total int
+	}{
+		{"small, nothing dropped", 1 << 10, 300},
+		{"exactly the limit", 1 << 10, 1 << 10},
+		{"dropped, no compaction", 1 << 10, 64 << 10},
+		{"compacted", 256 << 10, 5 << 20},
+		{"no limit kept", 0, 3 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "e.stdout")
+			k := newKeptOutput(tc.limit)
+			sp, err := newSpool(path, int64(k.half))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewSource(1))
+			for written := 0; written < tc.total; {
+				chunk := make([]byte, min(1+rng.Intn(200<<10), tc.total-written))
+				rng.Read(chunk)
+				k.write(chunk)
+				sp.write(chunk, k)
+				written += len(chunk)
+			}
+			if sp.err != nil {
+				t.Fatal(sp.err)
+			}
+			sp.close()
+			got, ok, err := readSpool(path, tc.limit)
+			if err != nil || !ok {
+				t.Fatalf("readSpool: ok %v, %v", ok, err)
+			}
+			if got.total != k.total || !bytes.Equal(got.head, k.head) || !bytes.Equal(got.tailBytes(), k.tailBytes()) {
+				t.Fatalf("rebuilt total %d head %d tail %d; want total %d head %d tail %d (tail equal %v)",
+					got.total, len(got.head), len(got.tailBytes()), k.total, len(k.head), len(k.tailBytes()),
+					bytes.Equal(got.tailBytes(), k.tailBytes()))
+			}
+			// Appending after a reopen goes on where the spool was.
+			sp2, err := reopenSpool(path, got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			more := []byte("after the restart")
+			k.write(more)
+			got.write(more)
+			sp2.write(more, got)
+			sp2.close()
+			again, _, err := readSpool(path, tc.limit)
+			if err != nil || again.total != k.total || !bytes.Equal(again.tailBytes(), k.tailBytes()) || !bytes.Equal(again.head, k.head) {
+				t.Fatalf("after reopen: total %d want %d, err %v", again.total, k.total, err)
+			}
+		})
+	}
+}
