@@ -36,11 +36,12 @@ const (
 	spoolSlack  = 1 << 20
 )
 
-// spoolDir holds the spools: <StateDir>/spool.
-func spoolDir(stateDir string) string { return filepath.Join(stateDir, "spool") }
+// SpoolDir holds the spools: <StateDir>/spool, one file "<id>.<stream>"
+// per stream of a running execution.
+func SpoolDir(stateDir string) string { return filepath.Join(stateDir, "spool") }
 
 func spoolPath(stateDir, id, stream string) string {
-	return filepath.Join(spoolDir(stateDir), id+"."+stream)
+	return filepath.Join(SpoolDir(stateDir), id+"."+stream)
 }
 
 // newSpool creates an empty spool at path for a stream keeping 2*half.

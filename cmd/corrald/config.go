@@ -48,6 +48,9 @@ type config struct {
 	storeKind    string
 	shim         string
 	metricsAddr  string
+	// Survival (docs/corrald.md, "Restarts and upgrades").
+	noFdStore       bool
+	noPidfdExitInfo bool
 }
 
 var errHelpShown = errors.New("help shown")
@@ -86,6 +89,8 @@ func newFlagSet(c *config, out io.Writer) *pflag.FlagSet {
 	fs.StringVar(&c.storeKind, "store", "sqlite", "execution store: sqlite (durable, in the state dir) or memory (nothing survives a restart; for benchmarks and throw-away hosts)")
 	fs.StringVar(&c.storeSync, "store-sync", "normal", "store durability: normal (survives a crash of corrald, not of the machine; no fsync per transition) or full (fsync per group commit)")
 	fs.StringVar(&c.shim, "shim", "", "what children start through: a corral-shim `PATH`, \"self\" (re-execute corrald), or empty for corral-shim next to corrald if it is there, else self")
+	fs.BoolVar(&c.noFdStore, "no-fd-store", false, "do not park executions' fds in systemd's fd store: a crash of corrald then ends them (lost)")
+	fs.BoolVar(&c.noPidfdExitInfo, "no-pidfd-exit-info", false, "act as on a kernel without PIDFD_INFO_EXIT: an execution whose main process exited while corrald was down ends lost")
 	fs.DurationVar(&c.watchdogTick, "watchdog-interval", 0, "override the watchdog ping interval (default: half of WatchdogSec)")
 	cli.VarNames(fs, map[string]string{"store": "KIND", "store-sync": "MODE"})
 	fs.StringVar(&c.metricsAddr, "metrics-listen", "", "serve Prometheus metrics at /metrics on `ADDR`: a loopback HOST:PORT (127.0.0.1:9464) or unix:PATH (default: off)")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -50,6 +51,13 @@ func newLogger(c *config) zerolog.Logger {
 // left, listen, start the reactor, serve until ctx ends, shut down
 // gracefully. Each step wraps its own errors; run adds no context.
 func run(ctx context.Context, c *config, log zerolog.Logger) error {
+	// A reload (SIGHUP) is a handover; until serve handles it, it must not
+	// kill the daemon.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	// What an earlier image passed (fds by name) is claimed first.
+	sv := takeSurvival(ctx, c, log)
 	host := scope.Detect()
 	checks := map[string]string{}
 	checks["no_new_privs"] = setNoNewPrivs(log)
@@ -78,11 +86,17 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	}
 	defer backend.Close()
 	checks["backend"] = backend.Name()
+	lock, err := lockScopes(backend)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	sv.plan(st, c.stateDir, log)
 
 	// Scopes first, then records: the records of executions whose scopes
 	// the backend could not see (another cgroup base) are killed by path.
-	cleanLeftoverScopes(ctx, backend, log)
-	recoverExecutions(st, host, c.stateDir, log)
+	cleanLeftoverScopes(ctx, backend, sv.keepScope, log)
+	recoverExecutions(st, host, c.stateDir, sv, log)
 	sweepCtx, stopSweep := context.WithCancel(context.Background())
 	defer stopSweep()
 	store.StartSweeper(sweepCtx, st, log, c.retention, 0)
@@ -92,17 +106,17 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		return err
 	}
 	defer obs.close(log)
-	ln, activated, err := listen(c, log)
+	ln, activated, err := listen(c, sv, log)
 	if err != nil {
 		return err
 	}
-	r, err := newReactor(c, host, backend, st, ln, checks, obs.observer(), log)
+	r, err := newReactor(c, host, backend, st, ln, checks, obs.observer(), sv, log)
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	obs.serveMetrics(r, log)
-	return serve(ctx, c, r, ln, activated, host, backend, log)
+	return serve(ctx, c, r, ln, activated, host, backend, hup, log)
 }
 
 // setNoNewPrivs sets no_new_privs on the daemon, so children inherit it and
@@ -156,14 +170,14 @@ func openStore(c *config, log zerolog.Logger) (store.Store, error) {
 // cleanLeftoverScopes kills and removes the scopes an earlier run left, for
 // a backend whose scopes can outlive the daemon. Failures are logged: the
 // daemon starts anyway.
-func cleanLeftoverScopes(ctx context.Context, backend scope.Backend, log zerolog.Logger) {
+func cleanLeftoverScopes(ctx context.Context, backend scope.Backend, keep func(string) bool, log zerolog.Logger) {
 	lc, ok := backend.(scope.LeftoverCleaner)
 	if !ok {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	names, err := lc.CleanLeftovers(cctx)
+	names, err := lc.CleanLeftoversExcept(cctx, keep)
 	for _, n := range names {
 		log.Warn().Str("scope", n).Str("event", "leftover_removed").Msg("killed and removed a scope left by an earlier run")
 	}
@@ -177,11 +191,16 @@ func cleanLeftoverScopes(ctx context.Context, backend scope.Backend, log zerolog
 // killed by cleanLeftoverScopes, or by path here), and their workspaces go.
 // Then, since nothing runs yet, whatever else is in the workspace root is
 // debris and goes too. Failures are logged.
-func recoverExecutions(st store.Store, host scope.Host, stateDir string, log zerolog.Logger) {
-	n, err := store.Recover(st, log, time.Now(), func(rec api.Record) error {
+func recoverExecutions(st store.Store, host scope.Host, stateDir string, sv *survival, log zerolog.Logger) {
+	opts := store.RecoverOptions{
+		Skip: func(rec api.Record) bool { return sv.adopted(rec.ID) },
+		Why:  sv.lostWhy,
+	}
+	n, err := store.RecoverWith(st, log, time.Now(), opts, func(rec api.Record) error {
 		if err := killLeftoverCgroup(host, rec.Scope); err != nil {
 			return err
 		}
+		killLeftoverPgroup(rec)
 		if err := os.RemoveAll(reactor.WorkspaceDir(stateDir, rec.ID)); err != nil {
 			return fmt.Errorf("remove workspace: %w", err)
 		}
@@ -202,8 +221,20 @@ func recoverExecutions(st store.Store, host scope.Host, stateDir string, log zer
 	root := reactor.WorkspaceRoot(stateDir)
 	if ents, err := os.ReadDir(root); err == nil {
 		for _, e := range ents {
+			if sv.adopted(e.Name()) {
+				continue
+			}
 			if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
 				log.Warn().Err(err).Str("workspace", e.Name()).Msg("remove leftover workspace")
+			}
+		}
+	}
+	// Spooled output of executions not adopted is debris too.
+	if ents, err := os.ReadDir(reactor.SpoolDir(stateDir)); err == nil {
+		for _, e := range ents {
+			id, _, _ := strings.Cut(e.Name(), ".")
+			if !sv.adopted(id) || strings.HasSuffix(e.Name(), ".tmp") {
+				os.Remove(filepath.Join(reactor.SpoolDir(stateDir), e.Name()))
 			}
 		}
 	}
@@ -211,7 +242,7 @@ func recoverExecutions(st store.Store, host scope.Host, stateDir string, log zer
 
 // newReactor configures the reactor from the flags and what the earlier
 // steps made. reactor.New's errors carry their own context.
-func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Store, ln *net.UnixListener, checks map[string]string, obs reactor.Observer, log zerolog.Logger) (*reactor.Reactor, error) {
+func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Store, ln *net.UnixListener, checks map[string]string, obs reactor.Observer, sv *survival, log zerolog.Logger) (*reactor.Reactor, error) {
 	socketGID := int64(-1)
 	if fi, err := os.Stat(ln.Addr().String()); err == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Gid != 0 {
@@ -240,14 +271,26 @@ func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Stor
 		Info: api.Info{
 			Version: version, Pidfd: host.Pidfd, Cgroup: host.CgroupMode, Kernel: host.Kernel,
 			Socket: ln.Addr().String(), StateDir: c.stateDir, Checks: checks,
+			Survival: &sv.info,
 		},
+		FdStore:         fdStore(sv),
+		NoPidfdExitInfo: !sv.info.PidfdExitInfo,
+		Adopt:           sv.adopt,
 	})
+}
+
+// fdStore is systemd's fd store when this host has one for corrald.
+func fdStore(sv *survival) reactor.FdStore {
+	if !sv.info.FdStore {
+		return nil
+	}
+	return sdFdStore{}
 }
 
 // serve runs the reactor's loop and the socket server, tells systemd it is
 // ready, and waits for ctx to end (SIGTERM), the server to stop or the loop
 // to fail; then it shuts down.
-func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListener, activated bool, host scope.Host, backend scope.Backend, log zerolog.Logger) error {
+func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListener, activated bool, host scope.Host, backend scope.Backend, hup <-chan os.Signal, log zerolog.Logger) error {
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	defer stopLoop()
 	loopDone := make(chan error, 1)
@@ -274,14 +317,24 @@ func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListe
 		Str("backend", backend.Name()).Str("cgroup", host.CgroupMode).Bool("pidfd", host.Pidfd && !c.noPidfd).
 		Str("kernel", host.Kernel).Str("version", version).Msg("corrald ready")
 
-	select {
-	case <-ctx.Done():
-	case err := <-srvDone:
-		if err != nil {
-			log.Error().Err(err).Msg("server stopped")
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case <-hup:
+			// Returns only if the exec failed: the old image carries on.
+			if err := handover(c, r, ln, activated, log); err != nil {
+				log.Error().Err(err).Str("event", "handover_failed").Msg("handover failed; this corrald carries on")
+			}
+		case err := <-srvDone:
+			if err != nil {
+				log.Error().Err(err).Msg("server stopped")
+			}
+			break wait
+		case err := <-loopDone:
+			return fmt.Errorf("event loop stopped: %w", err)
 		}
-	case err := <-loopDone:
-		return fmt.Errorf("event loop stopped: %w", err)
 	}
 	shutdown(c, r, srv, log)
 	stopLoop()
@@ -348,8 +401,13 @@ func chooseBackend(ctx context.Context, c *config, host scope.Host, log zerolog.
 
 // listen returns the socket-activated listener if systemd passed one, else
 // creates the socket with the configured mode and group.
-func listen(c *config, log zerolog.Logger) (*net.UnixListener, bool, error) {
-	lns, err := systemd.Listeners()
+func listen(c *config, sv *survival, log zerolog.Logger) (*net.UnixListener, bool, error) {
+	socks := sv.passed.Sockets
+	sv.passed.Sockets = nil
+	// A handover passes the socket this daemon created itself under
+	// ListenerName: not socket-activated, but already listening.
+	own := len(socks) > 0 && socks[0].Name() == systemd.ListenerName
+	lns, err := systemd.ListenersFrom(socks)
 	if err != nil {
 		return nil, false, fmt.Errorf("socket activation: %w", err)
 	}
@@ -357,7 +415,7 @@ func listen(c *config, log zerolog.Logger) (*net.UnixListener, bool, error) {
 		for _, extra := range lns[1:] {
 			extra.Close()
 		}
-		return lns[0], true, nil
+		return lns[0], !own, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(c.socket), 0o755); err != nil {
 		return nil, false, fmt.Errorf("socket directory: %w", err)

@@ -1,0 +1,323 @@
+package main
+
+// Surviving corrald itself (docs/corrald.md, "Restarts and upgrades"): what
+// the daemon takes over at start (after a handover or a crash), and the
+// handover on SIGHUP.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/reactor"
+	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/store"
+	"github.com/corral-dev/corral/systemd"
+)
+
+// handoverFile is where a handover leaves, in the state directory, what
+// only the old image's memory held (reactor.HandoverExec per execution).
+const handoverFile = "handover.json"
+
+// survival is what this start has to take over, and what this host
+// supports.
+type survival struct {
+	passed   systemd.Passed
+	handover map[string]reactor.HandoverExec // nil: not started by a handover
+	info     api.SurvivalInfo
+	// byID are the passed fds of executions: id -> role -> fd.
+	byID map[string]map[string]int
+	// adopt are the unfinished records taken over; lost says why the
+	// others could not be.
+	adopt []reactor.Adoptee
+}
+
+// takeSurvival reads what was passed to this process and what the host
+// supports. It runs first: the fds must be claimed before anything opens
+// its own.
+func takeSurvival(ctx context.Context, c *config, log zerolog.Logger) *survival {
+	sv := &survival{byID: map[string]map[string]int{}}
+	fromHandover := os.Getenv(systemd.HandoverEnv) != ""
+	p, err := systemd.TakePassed()
+	if err != nil {
+		log.Warn().Err(err).Msg("passed fds")
+	}
+	sv.passed = p
+	for name, fds := range p.Fds {
+		id, role, ok := systemd.SplitFdName(name)
+		if !ok || len(fds) == 0 {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			continue
+		}
+		for _, extra := range fds[1:] { // stored twice: one is enough
+			unix.Close(extra)
+		}
+		if sv.byID[id] == nil {
+			sv.byID[id] = map[string]int{}
+		}
+		sv.byID[id][role] = fds[0]
+	}
+	sv.passed.Fds = nil // owned by byID now
+	if fromHandover {
+		sv.handover = map[string]reactor.HandoverExec{}
+		path := filepath.Join(c.stateDir, handoverFile)
+		if b, err := os.ReadFile(path); err != nil {
+			log.Error().Err(err).Msg("handover: state of the previous image")
+		} else if err := json.Unmarshal(b, &sv.handover); err != nil {
+			log.Error().Err(err).Str("file", path).Msg("handover: state of the previous image")
+		}
+		os.Remove(path)
+	}
+	sv.info.Handover = !c.noPidfd
+	sv.info.PidfdExitInfo = !c.noPidfdExitInfo && reactor.ProbePidfdExitInfo()
+	if !c.noFdStore && !c.noPidfd {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := systemd.FdStoreCapacity(cctx)
+		cancel()
+		if err != nil {
+			log.Warn().Err(err).Msg("fd store: cannot tell its capacity; a crash of corrald will end running executions")
+		}
+		sv.info.FdStore = n > 0
+		if n > 0 && c.maxRunning > 0 && n < 4*c.maxRunning {
+			log.Warn().Int("fd_store_max", n).Int("max_running", c.maxRunning).
+				Msg("fd store: FileDescriptorStoreMax= is below 4 per --max-running; some executions would not survive a crash")
+		}
+	}
+	return sv
+}
+
+// lockScopes takes the backend's lock on its cgroup base or slice (see
+// scope.Locker): a second corrald with another state directory stops here
+// instead of sweeping the first one's scopes. The lock lives until the
+// process exits or execs.
+func lockScopes(backend scope.Backend) (io.Closer, error) {
+	l, ok := backend.(scope.Locker)
+	if !ok {
+		return io.NopCloser(nil), nil
+	}
+	return l.Lock()
+}
+
+// plan decides, for every unfinished record, whether it is adopted (its
+// pidfd was passed back, or it only had its cleanup left and its kept
+// output is spooled) or lost, and why.
+func (sv *survival) plan(st store.Store, stateDir string, log zerolog.Logger) {
+	recs, err := st.Unfinished()
+	if err != nil {
+		log.Error().Err(err).Msg("survival: read unfinished records")
+		return
+	}
+	for _, rec := range recs {
+		fds := sv.byID[rec.ID]
+		_, hasPidfd := fds[reactor.RolePidfd]
+		adopt := false
+		switch rec.State {
+		case api.StateRunning, api.StateCanceling:
+			adopt = hasPidfd
+		case api.StateExited:
+			_, err := os.Stat(filepath.Join(reactor.SpoolDir(stateDir), rec.ID+".stdout"))
+			adopt = len(fds) > 0 || err == nil
+		}
+		if !adopt {
+			continue
+		}
+		var p api.StartParams
+		if b, ok, err := st.Params(rec.ID); err != nil || !ok || json.Unmarshal(b, &p) != nil {
+			log.Warn().Err(err).Str("exec_id", rec.ID).Msg("survival: no stored params; the execution is lost")
+			continue
+		}
+		a := reactor.Adoptee{Record: rec, Params: p, Fds: fds}
+		if he, ok := sv.handover[rec.ID]; ok {
+			a.Handover = &he
+		}
+		delete(sv.byID, rec.ID)
+		sv.adopt = append(sv.adopt, a)
+	}
+	// Fds of executions nobody will adopt (finished meanwhile): out of the
+	// store, and closed.
+	for id, fds := range sv.byID {
+		for role, fd := range fds {
+			_, _ = systemd.Remove(systemd.FdName(id, role))
+			unix.Close(fd)
+		}
+	}
+	sv.byID = nil
+}
+
+// adopted reports whether the record id is being adopted.
+func (sv *survival) adopted(id string) bool {
+	for _, a := range sv.adopt {
+		if a.Record.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// keepScope tells the leftover sweep which scopes hold adopted executions
+// (by the name the backend lists: a cgroup's directory, a unit's name).
+func (sv *survival) keepScope(name string) bool {
+	for _, a := range sv.adopt {
+		if s := a.Record.Scope; s != "" && (s == name || filepath.Base(s) == name) {
+			return true
+		}
+	}
+	return false
+}
+
+// lostWhy is the error of a record that could not be adopted: what made
+// survival impossible.
+func (sv *survival) lostWhy(rec api.Record) string {
+	switch {
+	case rec.State == api.StateStarted:
+		return "corrald restarted while the execution was starting"
+	case sv.handover != nil:
+		return "corrald was upgraded in place (handover) but the execution's fds were not handed over"
+	case !sv.info.FdStore:
+		return "corrald restarted while the execution ran, and nothing kept it across the restart: there is no fd store (corrald is not a systemd service with FileDescriptorStoreMax=), so a crash ends running executions"
+	}
+	return "corrald restarted while the execution ran, and its fds were not in the fd store"
+}
+
+// sdFdStore is systemd's fd store, for the reactor.
+type sdFdStore struct{}
+
+func (sdFdStore) Store(name string, fd int) error {
+	_, err := systemd.Store(name, fd)
+	return err
+}
+
+func (sdFdStore) Remove(name string) error {
+	_, err := systemd.Remove(name)
+	return err
+}
+
+// handover execs the binary now on disk in place, handing over every
+// execution and the listening socket (systemctl reload). If the exec
+// fails, the old image carries on and the error is returned; on success it
+// does not return.
+func handover(c *config, r *reactor.Reactor, ln *net.UnixListener, activated bool, log zerolog.Logger) error {
+	systemd.Reloading()
+	defer systemd.Ready() // reached only when the old image carries on
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("handover: own binary: %w", err)
+	}
+	lfd := -1
+	if rc, err := ln.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { lfd = int(fd) })
+	}
+	if lfd < 0 {
+		return errors.New("handover: no fd for the listening socket")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log.Info().Str("event", "handover").Str("binary", exe).Int("running", r.Running()).Msg("handing over to the binary on disk")
+	return r.Handover(ctx, 10*time.Second, func(h reactor.Handover) error {
+		name := systemd.ListenerName
+		if activated {
+			name = systemd.SocketName
+		}
+		h.Fds[lfd] = name
+		b, err := json.Marshal(h.Execs)
+		if err != nil {
+			return fmt.Errorf("handover: %w", err)
+		}
+		path := filepath.Join(c.stateDir, handoverFile)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return fmt.Errorf("handover: %w", err)
+		}
+		for fd := range h.Fds {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+				log.Warn().Err(err).Int("fd", fd).Str("name", h.Fds[fd]).Msg("handover: clear close-on-exec")
+			}
+		}
+		env := make([]string, 0, len(os.Environ())+1)
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, systemd.HandoverEnv+"=") {
+				env = append(env, kv)
+			}
+		}
+		env = append(env, systemd.HandoverEnv+"="+systemd.HandoverValue(h.Fds))
+		err = syscall.Exec(exe, os.Args, env)
+		// Still here: exec failed before it replaced the image.
+		for fd := range h.Fds {
+			unix.CloseOnExec(fd)
+		}
+		os.Remove(path)
+		return fmt.Errorf("handover: exec %s: %w", exe, err)
+	})
+}
+
+// killLeftoverPgroup kills what is left of a lost execution's process group
+// ("pgid:<n>") under the pgroup backend, which has no scope that outlives
+// the daemon: every process still in group n that started no earlier than
+// the execution (a group id is a pid, and pids are reused).
+func killLeftoverPgroup(rec api.Record) {
+	n, ok := strings.CutPrefix(rec.Scope, "pgid:")
+	pgid, err := strconv.Atoi(n)
+	if !ok || err != nil || pgid <= 1 || rec.StartedAt == nil {
+		return
+	}
+	boot := bootTime()
+	if boot.IsZero() {
+		return
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		// After ")": state(0) ppid(1) pgrp(2) ... starttime(19).
+		if len(f) < 20 {
+			continue
+		}
+		g, _ := strconv.Atoi(f[2])
+		ticks, _ := strconv.ParseInt(f[19], 10, 64)
+		started := boot.Add(time.Duration(ticks) * (time.Second / 100))
+		if g == pgid && !started.Before(rec.StartedAt.Add(-time.Second)) {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+}
+
+// bootTime is the kernel's boot time (btime in /proc/stat).
+func bootTime() time.Time {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "btime "); ok {
+			if s, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				return time.Unix(s, 0)
+			}
+		}
+	}
+	return time.Time{}
+}
