@@ -1,7 +1,9 @@
 // Package api holds corral's wire types: the execution record, the params and
 // results of every JSON-RPC method, and the error codes of the protocol
-// (docs/protocol.md). It has no behaviour beyond validation and JSON shapes,
-// so the daemon, the Go client and corralctl all agree on one definition.
+// (docs/protocol.md), and the lifecycle's transition table (state.go:
+// State.CanMoveTo, the one copy the reactor and the store use). It has no
+// behaviour beyond that, validation and JSON shapes, so the daemon, the Go
+// client and corralctl all agree on one definition.
 package api
 
 import (
