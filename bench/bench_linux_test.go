@@ -57,19 +57,28 @@ func TestBenchSuite(t *testing.T) {
 		tputWindows, drainBytes, drainRounds = 2, 100_000_000, 1
 		scaleMax, systemdN, tputWindows64 = 100, 10, 1
 		profileExecN, profileDrainN = 30, 1
+		mcpN, mcpWU = 20, 3
 	}
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
 	s.header()
 	before := testd.Measure()
 
-	t.Run("exec_latency", s.benchExecLatency)
-	t.Run("exit_notify", s.benchExitNotify)
-	t.Run("throughput", s.benchThroughput)
-	t.Run("drain", s.benchDrain)
-	t.Run("scale", s.benchScale)
-	t.Run("systemd", s.benchSystemd)
-	t.Run("profile", s.benchProfile)
+	// CORRAL_BENCH_ONLY=name runs one measurement (a short check of it).
+	only := os.Getenv("CORRAL_BENCH_ONLY")
+	run := func(name string, f func(*testing.T)) {
+		if only == "" || only == name {
+			t.Run(name, f)
+		}
+	}
+	run("exec_latency", s.benchExecLatency)
+	run("exit_notify", s.benchExitNotify)
+	run("throughput", s.benchThroughput)
+	run("drain", s.benchDrain)
+	run("scale", s.benchScale)
+	run("systemd", s.benchSystemd)
+	run("profile", s.benchProfile)
+	run("mcp", s.benchMCP)
 
 	s.targetTable()
 	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s. Load average at the end: %s.\n", time.Since(start).Round(time.Second), loadAvg())
