@@ -14,7 +14,7 @@ FUZZTIME ?= 20s
 # module proxy, so a fresh clone needs nothing installed by hand.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: build docs run test fuzz bench lint install clean
+.PHONY: build docs run test fuzz bench lint install deb clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/corrald ./cmd/corrald
@@ -68,6 +68,12 @@ bench: build
 	CORRAL_BENCH=1 $(GO) test -run '^TestBenchSuite$$' -count=1 -timeout 15m -v ./bench/
 	@echo "== store: durable transitions per second under concurrent writers"
 	$(GO) test -run '^$$' -bench '^BenchmarkTransitions' -benchtime 2s ./store/
+
+# A Debian package (dpkg-deb) of the binaries, units, man pages and
+# completions, in $(BIN)/; postinst creates the corral group and enables
+# the units. Lists what it built.
+deb: docs
+	@deb=$$(BIN_SRC=$(BIN) sh deploy/deb/build.sh) && dpkg-deb --info "$$deb" && dpkg-deb --contents "$$deb" && echo "built $$deb"
 
 install: docs
 	DESTDIR=$(DESTDIR) BIN_SRC=$(BIN) sh deploy/install.sh
