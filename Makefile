@@ -47,9 +47,15 @@ lint:
 # One package at a time (-p 1): several tests check limits and timings of
 # real processes, which two packages' daemons fighting over two cores would
 # blur.
-test: lint build
+test: lint build tests/mcp/node/node_modules
 	CGO_ENABLED=1 $(GO) test -race -count=1 -p 1 -timeout 30m ./...
 	$(MAKE) fuzz
+
+# tests/mcp's MCP client: the official TypeScript SDK at the version its
+# lockfile pins.
+tests/mcp/node/node_modules: tests/mcp/node/package-lock.json
+	npm ci --prefix tests/mcp/node --no-audit --no-fund --loglevel=error
+	@touch $@
 
 fuzz:
 	@for f in $$($(GO) test -list '^Fuzz' ./ipc/ 2>/dev/null | grep '^Fuzz'); do \
