@@ -60,7 +60,6 @@ func (tm *term) expect(want string) string {
 }
 
 func TestTerminalShell(t *testing.T) {
-	tr := newTestReactor(t, nil)
 	for _, pool := range []bool{false, true} {
 		name := "direct"
 		mod := func(*Config) {}
@@ -69,10 +68,9 @@ func TestTerminalShell(t *testing.T) {
 			mod = func(c *Config) { c.PoolSize = 1 }
 		}
 		t.Run(name, func(t *testing.T) {
-			tr := tr
-			if pool {
-				tr = newTestReactor(t, mod)
-			}
+			// One reactor at a time: two subreapers in one process would
+			// reap each other's children.
+			tr := newTestReactor(t, mod)
 			p := api.StartParams{Argv: []string{"sh", "-i"}, TTY: true, TTYSize: &api.TTYSize{Rows: 30, Cols: 90},
 				Env: map[string]string{"PS1": "corral$ "}, TimeoutMS: 60000}
 			if pool {
@@ -123,7 +121,7 @@ func TestTerminalShell(t *testing.T) {
 			final := tr.wait(rec.ID)
 			t.Logf("terminal output: %q", tr.stdout(rec.ID))
 			if outcome(final) != api.OutcomeExited || *final.ExitCode != 0 {
-				t.Fatalf("after close: outcome %s exit %v, want exited 0", outcome(final), final.ExitCode)
+				t.Fatalf("after close: outcome %s exit %v signal %v error %v, want exited 0", outcome(final), final.ExitCode, str(final.Signal), str(final.Error))
 			}
 			if final.Stderr.TotalBytes != 0 || final.Stdout.TotalBytes < 50 {
 				t.Errorf("stdout %+v stderr %+v: want everything on stdout", final.Stdout, final.Stderr)
@@ -240,6 +238,13 @@ func TestTerminalPython(t *testing.T) {
 	}
 	final := tr.wait(rec.ID)
 	if outcome(final) != api.OutcomeExited || *final.ExitCode != 0 {
-		t.Fatalf("after close: outcome %s exit %v, want exited 0", outcome(final), final.ExitCode)
+		t.Fatalf("after close: outcome %s exit %v signal %v error %v, want exited 0", outcome(final), final.ExitCode, str(final.Signal), str(final.Error))
 	}
+}
+
+func str(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return *p
 }
