@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -754,9 +755,11 @@ func TestParkedOutputLimitAndDisconnect(t *testing.T) {
 	for i := range 4 {
 		c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"exec.output","params":{"id":"x","wait_ms":1000}}`, i))
 	}
-	// The fourth is answered by the fake's Output (eof) at once.
-	if r := decodeResp(t, c.mustRead()); string(r.ID) != "3" {
-		t.Fatalf("first answer has id %s, want 3 (the one beyond MaxParked)", r.ID)
+	// One is answered by the fake's Output (eof) at once. Which one is not
+	// fixed: each call runs on its own goroutine, so the last to reach a
+	// park slot is not always the last sent.
+	if r := decodeResp(t, c.mustRead()); r.Error != nil || !slices.Contains([]string{"0", "1", "2", "3"}, string(r.ID)) {
+		t.Fatalf("first answer = id %s, error %v; want a result for one of 0..3 (the one beyond MaxParked)", r.ID, r.Error)
 	}
 	if got := f.parkedCount(); got != 3 {
 		t.Fatalf("parked = %d, want 3", got)
