@@ -6,7 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,6 +134,88 @@ exec sleep 600
 	}
 	if len(before) == 0 || string(before) != string(after) {
 		t.Fatalf("terminal modes after corralctl = %q, want as before %q", after, before)
+	}
+}
+
+// A signal to corralctl while it holds its terminal in raw mode: the
+// execution is cancelled and corralctl exits, and the terminal's modes are
+// back as they were.
+func TestRunInteractiveRestoresModesOnSignal(t *testing.T) {
+	d := startDaemon(t, "--scope", "pgroup")
+	tm := newTmux(t)
+	dir := t.TempDir()
+	marker := fmt.Sprintf("MARK=%d", time.Now().UnixNano())
+	script := fmt.Sprintf(`stty -g > %[1]s/before
+CORRAL_SOCKET=%[2]s %[3]s run -it --env %[4]s -- sh -c 'echo started; sleep 100'
+echo "EXIT=$?"
+stty -g > %[1]s/after
+exec sleep 600
+`, dir, d.Socket, filepath.Join(binDir, "corralctl"), marker)
+	if err := os.WriteFile(filepath.Join(dir, "outer.sh"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tm.run("new-session", "-d", "-s", "t", "-x", "80", "-y", "24", "sh "+filepath.Join(dir, "outer.sh"))
+	tm.waitFor("started", 1)
+	pid := pidWithArg(t, marker)
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	s := tm.waitFor("EXIT=", 1)
+	if !strings.Contains(s, "EXIT=143") {
+		t.Errorf("corralctl after SIGTERM (cancelled sleep): want EXIT=143 (128+SIGTERM):\n%s", s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var before, after []byte
+	for {
+		before, _ = os.ReadFile(filepath.Join(dir, "before"))
+		after, _ = os.ReadFile(filepath.Join(dir, "after"))
+		if len(after) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(before) == 0 || string(before) != string(after) {
+		t.Fatalf("terminal modes after a signalled corralctl = %q, want as before %q", after, before)
+	}
+}
+
+// pidWithArg finds the process whose command line has the argument arg.
+func pidWithArg(t *testing.T, arg string) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			args := strings.Split(string(b), "\x00")
+			if len(args) > 0 && strings.HasSuffix(args[0], "corralctl") && slices.Contains(args, arg) {
+				return pid
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("no corralctl process with argument %q", arg)
+	return 0
+}
+
+// Input from a pipe into a terminal execution (-it without a local
+// terminal): typed into the command's terminal; EOF of the pipe is the
+// terminal's EOF, so the shell ends.
+func TestRunTerminalInputFromPipe(t *testing.T) {
+	d := startDaemon(t, "--scope", "pgroup")
+	cmd := exec.Command(filepath.Join(binDir, "corralctl"), "run", "-it", "--", "sh")
+	cmd.Env = append(os.Environ(), "CORRAL_SOCKET="+d.Socket)
+	cmd.Stdin = strings.NewReader("echo $((20+22))\n")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("corralctl run -it -- sh < pipe: %v (output %q)", err, out)
+	}
+	if !strings.Contains(string(out), "42\r\n") {
+		t.Fatalf("output %q does not show the typed command's result", out)
 	}
 }
 
