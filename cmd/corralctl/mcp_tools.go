@@ -38,8 +38,10 @@ const (
 	// writeSettle is how long write_stdin waits for more output once the
 	// first new bytes arrived.
 	writeSettle = 250 * time.Millisecond
-	// cancelWait bounds how long cancel_execution waits for cleaned.
-	cancelWait = 60 * time.Second
+	// cancelWait bounds how long cancel_execution waits for cleaned: grace
+	// and corrald's kill wait fit, and an MCP client's request timeout
+	// (often 60 s) is not reached.
+	cancelWait = 30 * time.Second
 )
 
 // execCommandIn is exec_command's input.
@@ -57,6 +59,7 @@ type execCommandIn struct {
 	Network        string            `json:"network,omitempty" jsonschema:"host (default) or none (no network at all)"`
 	MaxOutputBytes int64             `json:"max_output_bytes" jsonschema:"byte budget of stdout and stderr together in this result; beyond it the head and tail are kept and the middle is marked omitted"`
 	Labels         map[string]string `json:"labels,omitempty" jsonschema:"labels to tag the execution with (list_executions filters by them)"`
+	Redact         bool              `json:"redact" jsonschema:"replace bearer tokens, AWS keys and PEM private keys in the output with [REDACTED] before it is kept or shown (on unless set to false)"`
 }
 
 // writeStdinIn is write_stdin's input.
@@ -132,7 +135,7 @@ func (s *mcpSession) registerTools(srv *mcp.Server) {
 		Name:        "exec_command",
 		Title:       "Run a command",
 		Description: "Run a command under corrald's supervision (its own process tree, limits and timeout; it keeps running if this client goes away) and wait up to yield_time_ms for it to end. Returns exit code, outcome and output (head and tail within max_output_bytes). If it is still running, continue with read_output, write_stdin or cancel_execution using the returned id.",
-		InputSchema: schemaFor[execCommandIn](map[string]any{"yield_time_ms": defaultYieldMS, "max_output_bytes": defaultOutputBytes},
+		InputSchema: schemaFor[execCommandIn](map[string]any{"yield_time_ms": defaultYieldMS, "max_output_bytes": defaultOutputBytes, "redact": true},
 			map[string][]any{"network": {"host", "none"}}),
 		Annotations: &mcp.ToolAnnotations{Title: "Run a command", DestructiveHint: boolPtr(true), OpenWorldHint: boolPtr(true)},
 	}, s.execCommand)
@@ -190,7 +193,7 @@ func (s *mcpSession) execCommand(ctx context.Context, _ *mcp.CallToolRequest, in
 	p := api.StartParams{
 		Argv: argv, Env: in.Env, Cwd: in.Workdir, TimeoutMS: in.TimeoutMS,
 		Labels: in.Labels, Network: in.Network, ID: id.String(),
-		StdinOpen: in.TTY, Stdin: []byte(in.Stdin), TTY: in.TTY, IdleTimeoutMS: in.IdleTimeoutMS,
+		StdinOpen: in.TTY, Stdin: []byte(in.Stdin), TTY: in.TTY, IdleTimeoutMS: in.IdleTimeoutMS, Redact: in.Redact,
 	}
 	if in.StdinOpen != nil {
 		p.StdinOpen = *in.StdinOpen

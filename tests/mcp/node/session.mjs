@@ -184,6 +184,18 @@ await check("exec_command output budget: head and tail with the middle marked", 
   assert(s.stdout_total_bytes === 588895, `total ${s.stdout_total_bytes}`);
 });
 
+await check("exec_command redacts secrets unless asked not to", async () => {
+  const cmd = "echo 'Authorization: Bearer abcdefghijklmnop0123'";
+  const r = await a.callTool({ name: "exec_command", arguments: { cmd } }, undefined, callOpts);
+  assert(!r.isError, text(r));
+  started.push(r.structuredContent.id);
+  assert(r.structuredContent.stdout === "Authorization: Bearer [REDACTED]\n", `redacted stdout ${JSON.stringify(r.structuredContent.stdout)}`);
+  assert(!text(r).includes("abcdefghijklmnop"), `the text block shows the token: ${text(r)}`);
+  const plain = await a.callTool({ name: "exec_command", arguments: { cmd, redact: false } }, undefined, callOpts);
+  assert(!plain.isError && plain.structuredContent.stdout.includes("abcdefghijklmnop0123"), `redact: false: ${text(plain)}`);
+  started.push(plain.structuredContent.id);
+});
+
 await check("write_stdin to python3 -i on a terminal", async () => {
   const r = await a.callTool({ name: "exec_command", arguments: { argv: ["python3", "-i", "-q"], tty: true, yield_time_ms: 1000, timeout_ms: 60000 } }, undefined, callOpts);
   assert(!r.isError, text(r));
