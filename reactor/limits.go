@@ -4,6 +4,10 @@ package reactor
 // counters it reads.
 
 import (
+	"os"
+	"strconv"
+	"strings"
+
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
 )
@@ -64,4 +68,30 @@ func mergeStats(u *api.Usage, st scope.Stats) {
 	if st.Tasks >= 0 {
 		u.TasksPeak = max(u.TasksPeak, st.Tasks)
 	}
+}
+
+// procCPUTime reads utime+stime of pid and its waited-for children from
+// /proc, in ns; the fallback CPU measure without a cgroup.
+func procCPUTime(pid int) (int64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	// Fields after ")": state(0) ... utime(11) stime(12) cutime(13) cstime(14).
+	if len(f) < 15 {
+		return 0, false
+	}
+	var ticks int64
+	for _, j := range []int{11, 12, 13, 14} {
+		v, _ := strconv.ParseInt(f[j], 10, 64)
+		ticks += v
+	}
+	const clkTck = 100 // USER_HZ on Linux
+	return ticks * (1e9 / clkTck), true
 }

@@ -4,13 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -20,9 +15,6 @@ import (
 	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/shim"
 )
-
-// defaultPath is the child's PATH unless the request sets one.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // pipeSize is what F_SETPIPE_SZ asks for on output pipes, so a burst of
 // output waits in the kernel rather than blocking the child between two
@@ -276,143 +268,6 @@ func outputPipe() (int, *os.File, error) {
 		return -1, nil, os.NewSyscallError("set nonblock", err)
 	}
 	return fds[0], os.NewFile(uintptr(fds[1]), "output"), nil
-}
-
-// childEnv is the child's whole environment: a minimal base for the run-as
-// user plus the request's variables. Nothing of the daemon's leaks.
-func childEnv(req map[string]string, ra runAs) []string {
-	base := map[string]string{
-		"PATH":    defaultPath,
-		"HOME":    ra.home,
-		"USER":    ra.name,
-		"LOGNAME": ra.name,
-		"LANG":    "C.UTF-8",
-	}
-	for k, v := range req {
-		base[k] = v
-	}
-	env := make([]string, 0, len(base))
-	for k, v := range base {
-		env = append(env, k+"="+v)
-	}
-	sort.Strings(env)
-	return env
-}
-
-func envValue(env []string, key string) string {
-	for _, kv := range env {
-		if strings.HasPrefix(kv, key+"=") {
-			return kv[len(key)+1:]
-		}
-	}
-	return ""
-}
-
-// lookPath resolves argv0 with the child's PATH (not the daemon's); a name
-// with a slash is taken relative to the child's working directory.
-func lookPath(argv0, dir, pathEnv string) (string, error) {
-	if strings.Contains(argv0, "/") {
-		p := argv0
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(dir, p)
-		}
-		if err := executable(p); err != nil {
-			return "", fmt.Errorf("exec %q: %w", argv0, err)
-		}
-		return p, nil
-	}
-	var firstErr error
-	for _, d := range filepath.SplitList(pathEnv) {
-		if d == "" {
-			d = "."
-		}
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(dir, d)
-		}
-		p := filepath.Join(d, argv0)
-		err := executable(p)
-		if err == nil {
-			return p, nil
-		}
-		if firstErr == nil && !errors.Is(err, syscall.ENOENT) {
-			firstErr = err
-		}
-	}
-	if firstErr != nil {
-		return "", fmt.Errorf("exec %q: %w", argv0, firstErr)
-	}
-	return "", fmt.Errorf("exec %q: not found in PATH: %w", argv0, syscall.ENOENT)
-}
-
-func executable(p string) error {
-	fi, err := os.Stat(p)
-	if err != nil {
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			return pe.Err
-		}
-		return err
-	}
-	if fi.IsDir() {
-		return syscall.EACCES
-	}
-	if fi.Mode()&0o111 == 0 {
-		return syscall.EACCES
-	}
-	return nil
-}
-
-// procCPUTime reads utime+stime of pid and its waited-for children from
-// /proc, in ns; the fallback CPU measure without a cgroup.
-func procCPUTime(pid int) (int64, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
-	// Fields after ")": state(0) ... utime(11) stime(12) cutime(13) cstime(14).
-	if len(f) < 15 {
-		return 0, false
-	}
-	var ticks int64
-	for _, j := range []int{11, 12, 13, 14} {
-		v, _ := strconv.ParseInt(f[j], 10, 64)
-		ticks += v
-	}
-	const clkTck = 100 // USER_HZ on Linux
-	return ticks * (1e9 / clkTck), true
-}
-
-// makeWorkspace creates <stateDir>/work/<id>, mode 0700, owned by the run-as
-// user.
-func makeWorkspace(stateDir, id string, ra runAs) (string, error) {
-	if err := os.MkdirAll(WorkspaceRoot(stateDir), 0o711); err != nil {
-		return "", err
-	}
-	dir := WorkspaceDir(stateDir, id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", err
-	}
-	if err := os.Chown(dir, int(ra.uid), int(ra.gid)); err != nil {
-		os.Remove(dir)
-		return "", err
-	}
-	return dir, nil
-}
-
-// removeWorkspace deletes a workspace. os.RemoveAll works with *at
-// syscalls relative to directory fds and never follows symlinks (it
-// unlinks them), and the daemon's CAP_DAC_OVERRIDE lets it remove
-// read-only subdirectories. There is deliberately no chmod-and-retry
-// fallback: a chmod by path could follow a symlink a surviving process
-// swapped in.
-func removeWorkspace(dir string) error {
-	return os.RemoveAll(dir)
 }
 
 // shimConfig is what a shim needs to set up and exec the request.
