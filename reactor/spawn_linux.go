@@ -190,13 +190,13 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	// The shim (corral-shim, or corrald re-executed) as the child: to hold
-	// it until a backend that places after start (systemd) holds it, and to do what SysProcAttr
-	// cannot (bring up lo in a new network namespace before dropping to
-	// the user). A
-	// non-root user's workspace sits under the root-only state directory:
-	// the shim enters it before dropping privileges, which os/exec cannot
-	// (it changes the credentials first, then the directory), and checks
-	// cwd and argv[0] as the user.
+	// it until a backend that places after start (systemd) holds it, and
+	// to do what SysProcAttr cannot (bring up lo in a new network
+	// namespace before dropping to the user). A non-root user's workspace
+	// sits under the root-only state directory: the shim enters it before
+	// dropping privileges, which os/exec cannot (it changes the
+	// credentials first, then the directory), and checks cwd and argv[0]
+	// as the user.
 	var (
 		sh  *shim.Handle
 		err error
