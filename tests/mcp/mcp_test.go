@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/testd"
 )
 
@@ -165,6 +166,8 @@ func TestTypeScriptClient(t *testing.T) {
 		case "start":
 			n++
 			d = startDaemon(t, dir, base, n)
+		case "handover":
+			handover(t, d)
 		case "restart":
 			if err := d.Stop(syscall.SIGTERM, 30*time.Second); err != nil {
 				t.Errorf("stop corrald: %v", err)
@@ -344,4 +347,38 @@ func TestCancelOnExit(t *testing.T) {
 	if rec.Outcome == nil || *rec.Outcome != api.OutcomeCancelled {
 		t.Errorf("execution after the MCP server exited with --cancel-on-exit: outcome %v, want cancelled", rec.Outcome)
 	}
+}
+
+// handover sends corrald SIGHUP and returns once the new image answers
+// daemon.info (a later started_at, the same pid).
+func handover(t *testing.T, d *testd.Daemon) {
+	t.Helper()
+	info := func() (api.Info, error) {
+		c, err := ipc.Dial(d.Socket)
+		if err != nil {
+			return api.Info{}, err
+		}
+		defer c.Close()
+		return c.Info(context.Background())
+	}
+	before, err := info()
+	if err != nil {
+		t.Errorf("daemon.info before the handover: %v", err)
+		return
+	}
+	if err := d.Signal(syscall.SIGHUP); err != nil {
+		t.Errorf("SIGHUP corrald: %v", err)
+		return
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if after, err := info(); err == nil && after.StartedAt.After(before.StartedAt) {
+			if after.PID != before.PID {
+				t.Errorf("after the handover corrald is pid %d, was %d", after.PID, before.PID)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("corrald did not answer as a new image within 20s of SIGHUP")
 }

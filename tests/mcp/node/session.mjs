@@ -337,6 +337,23 @@ await check("corrald restarting: the session reconnects", async () => {
   assert(!old.isError && old.structuredContent.exit_code === 0, `record from before the restart: ${text(old)}`);
 });
 
+await check("corrald handover (SIGHUP) in the middle of a command: the session carries on, output whole", async () => {
+  const r = await a.callTool({ name: "exec_command", arguments: { cmd: "for i in 1 2 3 4 5 6; do echo tick $i; sleep 0.4; done; exit 4", yield_time_ms: 300, timeout_ms: 60000 } }, undefined, callOpts);
+  assert(!r.isError && r.structuredContent.running, text(r));
+  const id = r.structuredContent.id;
+  let out = r.structuredContent.stdout;
+  await pause("handover");
+  let st = r.structuredContent;
+  for (let i = 0; i < 40 && st.running; i++) {
+    const rr = await a.callTool({ name: "read_output", arguments: { id, wait_ms: 10000 } }, undefined, callOpts);
+    assert(!rr.isError, `read_output after the handover: ${text(rr)}`);
+    st = rr.structuredContent;
+    out += st.stdout;
+  }
+  assert(!st.running && st.outcome === "exited" && st.exit_code === 4, `after the handover: ${JSON.stringify(st)}`);
+  assert(out === [1, 2, 3, 4, 5, 6].map((i) => `tick ${i}\n`).join(""), `output across the handover ${JSON.stringify(out)}`);
+});
+
 await check("server still answers after all of that", async () => {
   const r = await a.callTool({ name: "exec_command", arguments: { argv: ["true"] } }, undefined, callOpts);
   assert(!r.isError && r.structuredContent.exit_code === 0, text(r));
