@@ -148,28 +148,33 @@ func (m *Memory) Output(id, stream string) (KeptOutput, bool, error) {
 	return cloneKept(o), true, nil
 }
 
-func (m *Memory) List(f ListFilter) ([]api.Record, error) {
+// records decodes the stored records in a state keep accepts, then drops
+// those match rejects; op names the caller in errors.
+func (m *Memory) records(op string, keep func(api.State) bool, match func(api.Record) bool) ([]api.Record, error) {
 	m.mu.Lock()
-	recs := make([]api.Record, 0, len(m.entries))
-	var err error
+	defer m.mu.Unlock()
+	var recs []api.Record
 	for id, e := range m.entries {
-		if f.State != nil && e.state != *f.State {
+		if !keep(e.state) {
 			continue
 		}
-		rec, derr := decodeRecord(e.record)
-		if derr != nil {
-			err = fmt.Errorf("list %s: %w", id, derr)
-			break
+		rec, err := decodeRecord(e.record)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", op, id, err)
 		}
-		if f.OwnerUID != nil && rec.Owner.UID != *f.OwnerUID {
-			continue
+		if match(rec) {
+			recs = append(recs, rec)
 		}
-		if !labelsMatch(rec.Labels, f.Labels) {
-			continue
-		}
-		recs = append(recs, rec)
 	}
-	m.mu.Unlock()
+	return recs, nil
+}
+
+func (m *Memory) List(f ListFilter) ([]api.Record, error) {
+	recs, err := m.records("list",
+		func(s api.State) bool { return f.State == nil || s == *f.State },
+		func(rec api.Record) bool {
+			return (f.OwnerUID == nil || rec.Owner.UID == *f.OwnerUID) && labelsMatch(rec.Labels, f.Labels)
+		})
 	if err != nil {
 		return nil, err
 	}
@@ -183,28 +188,20 @@ func (m *Memory) List(f ListFilter) ([]api.Record, error) {
 	if f.Limit > 0 && len(recs) > f.Limit {
 		recs = recs[:f.Limit]
 	}
+	if recs == nil {
+		recs = []api.Record{}
+	}
 	return recs, nil
 }
 
 func (m *Memory) Unfinished() ([]api.Record, error) {
-	m.mu.Lock()
-	var recs []api.Record
-	var err error
-	for id, e := range m.entries {
-		if !slices.Contains(unfinishedStates, e.state) {
-			continue
-		}
-		rec, derr := decodeRecord(e.record)
-		if derr != nil {
-			err = fmt.Errorf("unfinished %s: %w", id, derr)
-			break
-		}
-		recs = append(recs, rec)
-	}
-	m.mu.Unlock()
+	recs, err := m.records("unfinished",
+		func(s api.State) bool { return slices.Contains(unfinishedStates, s) },
+		func(api.Record) bool { return true })
 	if err != nil {
 		return nil, err
 	}
+	// Oldest first, ties by id, as the SQLite store.
 	slices.SortFunc(recs, func(a, b api.Record) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
 			return c
