@@ -44,13 +44,17 @@ type FdStore interface {
 	Remove(name string) error
 }
 
-// Fd roles of an execution. Others may be added (e.g. "pty"); an adopted
-// execution's fds are looked up by these names.
+// Fd roles of an execution. Others may be added; an adopted execution's
+// fds are looked up by these names.
 const (
 	RolePidfd  = "pidfd"
 	RoleStdout = "stdout"
 	RoleStderr = "stderr"
 	RoleStdin  = "stdin"
+	// RolePTY is the master of a terminal execution (tty: true): its
+	// stdout stream reads it and exec.write types into it; such an
+	// execution has no stdout, stderr or stdin pipe.
+	RolePTY = "pty"
 )
 
 // Adoptee is one execution to take over at start.
@@ -153,6 +157,10 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 	e.parked = r.cfg.FdStore != nil // still in the store from before
 	for i, role := range []string{RoleStdout, RoleStderr} {
 		s := &stream{name: role, fd: take(role)}
+		if e.params.TTY && i == 0 {
+			// The terminal's output is the stdout stream (watched below).
+			s.fd = take(RolePTY)
+		}
 		var err error
 		var ok bool
 		if r.cfg.StateDir != "" {
@@ -186,6 +194,21 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 			s.spool = r.openSpool(e, s)
 		}
 		e.streams[i] = s
+		if e.params.TTY && i == 0 && s.fd >= 0 {
+			_ = unix.SetNonblock(s.fd, true)
+			size := api.TTYSize{Rows: api.DefaultTTYRows, Cols: api.DefaultTTYCols}
+			if e.rec.TTYSize != nil {
+				size = *e.rec.TTYSize
+			} else if e.params.TTYSize != nil {
+				size = *e.params.TTYSize
+			}
+			r.watchTerminal(e, s.fd, s, size)
+			if ho != nil && len(ho.Stdin) > 0 && e.tty != nil {
+				e.tty.buf = append(e.tty.buf, ho.Stdin...)
+				r.flushTerminal(e)
+			}
+			continue
+		}
 		if s.fd >= 0 {
 			_ = unix.SetNonblock(s.fd, true)
 			if err := r.loop.Add(s.fd, eventloop.Readable, func(eventloop.Events) { r.drain(e, s) }); err != nil {
@@ -195,7 +218,7 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 			}
 		}
 	}
-	if e.params.StdinOpen || len(e.params.Stdin) > 0 {
+	if !e.params.TTY && (e.params.StdinOpen || len(e.params.Stdin) > 0) {
 		e.stdin = &stdinPipe{fd: take(RoleStdin)}
 		switch {
 		case e.stdin.fd < 0:
@@ -397,9 +420,12 @@ func (r *Reactor) parkFds(e *execution) {
 	}
 	park(RolePidfd, e.pidfd)
 	for _, s := range e.streams {
-		if s != nil {
+		if s != nil && !s.tty {
 			park(s.name, s.fd)
 		}
+	}
+	if e.tty != nil {
+		park(RolePTY, e.tty.fd)
 	}
 	if e.stdin != nil {
 		park(RoleStdin, e.stdin.fd)
@@ -416,6 +442,9 @@ func (r *Reactor) unparkFds(e *execution, role string) {
 	roles := []string{role}
 	if role == "" {
 		roles = []string{RolePidfd, RoleStdout, RoleStderr, RoleStdin}
+		if e.params.TTY {
+			roles = []string{RolePidfd, RoleStderr, RolePTY}
+		}
 		e.parked = false
 	}
 	for _, ro := range roles {

@@ -129,7 +129,11 @@ func (r *Reactor) describe() (Handover, error) {
 			if s == nil {
 				continue
 			}
-			if s.fd >= 0 {
+			switch {
+			case s.fd >= 0 && s.tty:
+				h.Fds[s.fd] = e.id + "." + RolePTY
+				he.Stdin = append([]byte(nil), e.tty.buf...) // typed, not yet taken
+			case s.fd >= 0:
 				h.Fds[s.fd] = e.id + "." + s.name
 			}
 			he.Raw[i] = s.raw

@@ -85,7 +85,20 @@ func veofOf(fd int) byte {
 // the stdout stream reads it, and the terminal accepts writes. Loop
 // goroutine only.
 func (r *Reactor) adoptTerminal(e *execution, master int, out *stream) {
-	t := &terminal{fd: master, size: *e.params.TTYSize, veof: veofOf(master)}
+	r.watchTerminal(e, master, out, *e.params.TTYSize)
+	if e.tty.fd >= 0 && len(e.params.Stdin) > 0 {
+		t := e.tty
+		t.buf = append(t.buf, e.params.Stdin[:min(len(e.params.Stdin), maxTTYBuffer)]...)
+		r.flushTerminal(e)
+	}
+}
+
+// watchTerminal makes master e's terminal, read as the stdout stream out,
+// in the loop's epoll set: at spawn (adoptTerminal) and when a restarted
+// corrald re-adopts a terminal execution (the fd role RolePTY). Loop
+// goroutine only.
+func (r *Reactor) watchTerminal(e *execution, master int, out *stream, size api.TTYSize) {
+	t := &terminal{fd: master, size: size, veof: veofOf(master)}
 	e.tty = t
 	out.fd = master
 	out.tty = true
@@ -93,11 +106,6 @@ func (r *Reactor) adoptTerminal(e *execution, master int, out *stream) {
 		r.log.Error().Err(err).Str("exec_id", e.id).Msg("watch terminal")
 		unix.Close(master)
 		t.fd, out.fd = -1, -1
-		return
-	}
-	if len(e.params.Stdin) > 0 {
-		t.buf = append(t.buf, e.params.Stdin[:min(len(e.params.Stdin), maxTTYBuffer)]...)
-		r.flushTerminal(e)
 	}
 }
 
