@@ -86,7 +86,7 @@ func TestPythonClient(t *testing.T) {
 	cmd := exec.Command("python3", "-m", "unittest", "-v", "test_client")
 	cmd.Dir = filepath.Join(pyDir, "tests")
 	cmd.Env = append(os.Environ(), "CORRAL_SOCKET="+d.Socket, fmt.Sprintf("CORRAL_TEST_MAX_PER_UID=%d", maxPerUID),
-		"CORRAL_TEST_USER="+testUser, "PYTHONDONTWRITEBYTECODE=1")
+		"CORRAL_TEST_USER="+testUser, fmt.Sprintf("CORRAL_TEST_DAEMON_PID=%d", d.Pid()), "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
 	text := string(out)
 	results := map[string]string{}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import select
 import socket as _socket
 import threading
 import time
@@ -79,6 +80,19 @@ class _Conn:
             if line:
                 return json.loads(line)
 
+    def stale(self) -> bool:
+        """corrald has closed this connection (a restart or handover while
+        it sat idle): nothing was sent on it that could be lost."""
+        r, _, _ = select.select([self.sock], [], [], 0)
+        if not r:
+            return False
+        try:
+            return self.sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
     def close(self) -> None:
         try:
             self.rfile.close()
@@ -100,8 +114,10 @@ class Client:
     Methods map one to one to the protocol's (docs/protocol.md) and return
     dataclasses; an error answered by corrald raises CorralError with its
     code. Safe for use from several threads (calls take turns on the
-    connection); follow() uses a connection of its own. A broken connection
-    raises ConnectionClosed and the next call dials again. timeout, when set,
+    connection); follow() uses a connection of its own. A connection corrald
+    closed while it was idle (a restart, a handover) is replaced before the
+    next call; one that breaks during a call raises ConnectionClosed (the
+    call may or may not have been done) and the next call dials again. timeout, when set,
     bounds each call in seconds (leave it None for wait and long output
     waits)."""
 
@@ -126,6 +142,9 @@ class Client:
     def call(self, method: str, params: Any = None) -> Any:
         """Sends one request and returns its raw result (a dict)."""
         with self._lock:
+            if self._conn is not None and self._conn.stale():
+                self._conn.close()
+                self._conn = None
             if self._conn is None:
                 self._conn = _Conn(self.socket, self.timeout)
             conn = self._conn

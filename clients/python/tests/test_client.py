@@ -10,6 +10,7 @@ against.
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -307,6 +308,30 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(end.exit_code, 0)
         self.assertGreaterEqual(proxy.accepted, 4, "follow reconnected after each drop")
 
+    def test_follow_across_a_corrald_handover(self):
+        pid = int(os.environ.get("CORRAL_TEST_DAEMON_PID", "0"))
+        self.assertGreater(pid, 0, "CORRAL_TEST_DAEMON_PID is not set")
+        before = self.c.info().extra.get("started_at")
+        rec = self.start(["sh", "-c", "for i in $(seq 1 20); do echo tick $i; sleep 0.1; done; exit 5"])
+        out = b""
+        sent = False
+        end = None
+        for ev in self.c.follow(rec.id):
+            if isinstance(ev, corral.OutputEvent):
+                self.assertEqual(ev.offset, len(out))
+                out += ev.data
+                if not sent and out.count(b"\n") >= 3:
+                    os.kill(pid, signal.SIGHUP)  # corrald re-executes itself, same pid
+                    sent = True
+            elif isinstance(ev, corral.EndEvent):
+                end = ev.record
+        self.assertTrue(sent)
+        self.assertEqual(out, b"".join(b"tick %d\n" % i for i in range(1, 21)))
+        self.assertEqual((end.outcome, end.exit_code), ("exited", 5))
+        info = self.c.info()
+        self.assertEqual(info.pid, pid)
+        self.assertNotEqual(info.extra.get("started_at"), before, "corrald did not hand over")
+
     def test_follow_without_resume_raises(self):
         proxy = DropProxy(SOCKET)
         self.addCleanup(proxy.close)
@@ -325,9 +350,15 @@ class ClientTest(unittest.TestCase):
         self.addCleanup(c.close)
         c.info()
         proxy.drop_all()
-        with self.assertRaises(corral.ConnectionClosed):
-            c.info()
+        # Closed while idle: replaced before the next call, which succeeds.
         self.assertTrue(c.info().version)
+        self.assertEqual(proxy.accepted, 2)
+        # Broken during a call: that call raises, the next one redials.
+        rec = self.start(["sleep", "30"])
+        threading.Timer(0.3, proxy.drop_all).start()
+        with self.assertRaises(corral.ConnectionClosed):
+            c.wait(rec.id)
+        self.assertEqual(c.get(rec.id).state, "running")
 
     # run
 

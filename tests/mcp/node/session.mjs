@@ -151,6 +151,16 @@ await check("exec_command argv, env and workdir", async () => {
   assert(r.structuredContent.stdout === "hi /tmp\n", `stdout ${JSON.stringify(r.structuredContent.stdout)}`);
 });
 
+await check("exec_command of a program that cannot start: outcome start_failed with the reason", async () => {
+  const r = await a.callTool({ name: "exec_command", arguments: { argv: ["/no/such/program"] } }, undefined, callOpts);
+  assert(!r.isError, `a command that cannot start is an outcome, not a failed call: ${text(r)}`);
+  const s = r.structuredContent;
+  started.push(s.id);
+  assert(s.outcome === "start_failed" && s.error && !s.running, `status ${JSON.stringify(s)}`);
+  assert(text(r).includes("start_failed") && text(r).includes(s.error), `text block: ${text(r)}`);
+  return text(r);
+});
+
 await check("exec_command long: running after yield_time_ms, then read_output with wait_ms until it ends", async () => {
   const r = await a.callTool({ name: "exec_command", arguments: { cmd: "echo start; sleep 2; echo end", yield_time_ms: 300 } }, undefined, callOpts);
   assert(!r.isError, text(r));
