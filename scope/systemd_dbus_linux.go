@@ -190,6 +190,31 @@ func (b *systemdBus) runJob(ctx context.Context, start func(c *sddbus.Conn, ch c
 	}
 }
 
+// unitLoaded reports whether systemd has unit loaded. It asks
+// ListUnitsByPatterns, which only looks through the loaded units: a
+// property read or a StopUnit of a name systemd does not know makes it
+// load the unit first (a search of the unit paths), and StopUnit also
+// waits behind every job call in flight on the connection (go-systemd
+// holds one lock across a job call, so behind the pool's
+// StartTransientUnit).
+func (b *systemdBus) unitLoaded(ctx context.Context, unit string) (bool, error) {
+	var units []sddbus.UnitStatus
+	err := b.call(ctx, func(c *sddbus.Conn) error {
+		var err error
+		units, err = c.ListUnitsByPatternsContext(ctx, nil, []string{unit})
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("look up unit: %w", err)
+	}
+	for _, u := range units {
+		if u.Name == unit {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // stopAndWait stops unit (if loaded) and waits until it is unloaded or
 // inactive. Every unit corral makes has CollectMode inactive-or-failed, so
 // a stop job that ends "done" is the end; other results (canceled by a

@@ -10,6 +10,8 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
 )
 
 // NewSystemd connects to systemd and returns the systemd backend: one
@@ -47,6 +49,11 @@ func NewSystemd(ctx context.Context, opts SystemdOptions) (Backend, error) {
 		b.bus.close()
 		return nil, fmt.Errorf("systemd backend: connect: %w", err)
 	}
+	if hier.Unified.Point != "" {
+		// Without it the scopes' counters are read only when asked, which
+		// may be after systemd pruned the cgroup (see cgroupWatch).
+		b.watcher, b.watcherErr = cgroupv2.NewWatcher()
+	}
 	return b, nil
 }
 
@@ -56,6 +63,11 @@ type systemdBackend struct {
 	opts SystemdOptions
 	hier hierarchies
 	bus  *systemdBus
+	// watcher watches every scope's unified cgroup.events and
+	// memory.events (nil without a unified hierarchy, or when it could not
+	// start: watcherErr).
+	watcher    *cgroupv2.Watcher
+	watcherErr error
 }
 
 var (
@@ -74,6 +86,11 @@ func (b *systemdBackend) Placement() Placement { return PlaceHeld }
 // fail.
 func (b *systemdBackend) Close() error {
 	b.bus.close()
+	if b.watcher != nil {
+		if err := b.watcher.Close(); err != nil {
+			return fmt.Errorf("systemd backend: close cgroup watcher: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -322,10 +322,17 @@ func (s *systemdScope) statsLocked() Stats {
 	return s.last
 }
 
-// Remove stops the unit if it is still loaded and waits until systemd has
-// unloaded it (or it is inactive), which is when its cgroups are gone.
-// Idempotent; call it once the scope is empty. It does not hold the scope's
-// lock while waiting for systemd.
+// Remove ends with the unit unloaded and its cgroups gone. Idempotent; call
+// it once the scope is empty. It does not hold the scope's lock while
+// waiting for systemd.
+//
+// systemd stops a scope by itself once its cgroup empties: it removes the
+// cgroup, then unloads the unit (CollectMode). So for an empty scope Remove
+// waits for that (selfStopped) and only checks that the unit is unloaded;
+// it asks for a stop job when the scope is not empty, when systemd has not
+// stopped it within selfStopWait, or when the unit is still loaded.
+// (Measured in the harness systemd: the cgroup is gone 0-7 ms after the
+// scope empties, while a StopUnit of the unloaded unit took 10-25 ms.)
 func (s *systemdScope) Remove() error {
 	s.mu.Lock()
 	switch s.state {
@@ -345,8 +352,10 @@ func (s *systemdScope) Remove() error {
 	// Running or failed (a failed start may have left the unit loaded).
 	ctx, cancel := context.WithTimeout(context.Background(), s.b.bus.jobTimeout)
 	defer cancel()
-	if err := s.b.bus.stopAndWait(ctx, s.unit); err != nil {
-		return fmt.Errorf("remove scope %s: %w", s.unit, err)
+	if !s.selfStopped(ctx) {
+		if err := s.b.bus.stopAndWait(ctx, s.unit); err != nil {
+			return fmt.Errorf("remove scope %s: %w", s.unit, err)
+		}
 	}
 	s.mu.Lock()
 	s.statsLocked() // final reading: from the cache, the cgroup is gone now
@@ -356,6 +365,40 @@ func (s *systemdScope) Remove() error {
 	s.mu.Unlock()
 	w.stop()
 	return nil
+}
+
+// selfStopWait bounds how long Remove waits for systemd to stop an empty
+// scope by itself before it asks for a stop job.
+const selfStopWait = 500 * time.Millisecond
+
+// selfStopped reports whether systemd stopped and unloaded the running,
+// empty scope by itself: its cgroup went within selfStopWait and the unit
+// is no longer loaded. The kernel signals no inotify event when a cgroup
+// directory is removed, so this polls a stat of it, starting at 100 µs.
+// False means Remove must stop the unit itself.
+func (s *systemdScope) selfStopped(ctx context.Context) bool {
+	s.mu.Lock()
+	state, paths := s.state, s.paths
+	s.mu.Unlock()
+	if state != unitRunning || paths.Unified == "" {
+		return false
+	}
+	if empty, err := paths.empty(); err != nil || !empty {
+		return false
+	}
+	deadline := time.Now().Add(selfStopWait)
+	for wait := 100 * time.Microsecond; paths.exists(); wait = min(2*wait, 5*time.Millisecond) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(wait)
+	}
+	loaded, err := s.b.bus.unitLoaded(ctx, s.unit)
+	if err != nil {
+		s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot tell whether the stopped scope is unloaded; stopping it")
+		return false
+	}
+	return !loaded
 }
 
 var _ Limiter = (*systemdScope)(nil)

@@ -28,11 +28,14 @@ import (
 //     before it kills, and once more when the cgroup is removed.
 //
 // cgroupWatch is owned by its scope: started once in Started, stopped once in
-// Remove (or when Started fails). Its goroutines only call the scope's
-// locked methods.
+// Remove (or when Started fails). Its goroutines and the backend's shared
+// inotify watcher (cgroupv2.Watcher: one instance for all scopes, since
+// closing one costs a kernel grace period) only call the scope's locked
+// methods.
 type cgroupWatch struct {
-	files []*os.File
-	wg    sync.WaitGroup
+	unwatch func() // ends the cgroup.events/memory.events watch, or nil
+	files   []*os.File
+	wg      sync.WaitGroup
 }
 
 // startWatch starts watching p for s. Failures only cost accuracy; they are
@@ -40,9 +43,11 @@ type cgroupWatch struct {
 func (s *systemdScope) startWatch(p unitCgroups) *cgroupWatch {
 	w := &cgroupWatch{}
 	if p.Unified != "" {
-		if f, err := cgroupv2.Dir(p.Unified).Watch("cgroup.events", "memory.events"); err == nil {
-			w.run(f, 4096, func([]byte) bool { return s.refreshStats() })
-		} else {
+		err := s.b.watcherErr
+		if s.b.watcher != nil {
+			w.unwatch, err = s.b.watcher.Add(cgroupv2.Dir(p.Unified), func() { s.refreshStats() }, "cgroup.events", "memory.events")
+		}
+		if err != nil {
 			s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("cannot watch cgroup.events")
 		}
 	}
@@ -64,24 +69,6 @@ func (s *systemdScope) watchOOM(w *cgroupWatch, p unitCgroups) {
 	s.oom = o
 	s.mu.Unlock()
 	w.runOOM(o, s)
-}
-
-// run reads f (non-blocking, so Close unblocks the read) until it is
-// closed or fn returns false (the cgroup is gone: nothing more to see),
-// calling fn with each read. stop closes f either way.
-func (w *cgroupWatch) run(f *os.File, size int, fn func([]byte) bool) {
-	w.files = append(w.files, f)
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		buf := make([]byte, size)
-		for {
-			n, err := f.Read(buf)
-			if err != nil || !fn(buf[:n]) {
-				return
-			}
-		}
-	}()
 }
 
 // v1OOM is the accounting of a v1 OOM eventfd. The kernel signals the
@@ -164,6 +151,9 @@ func (w *cgroupWatch) runOOM(o *v1OOM, s *systemdScope) {
 func (w *cgroupWatch) stop() {
 	if w == nil {
 		return
+	}
+	if w.unwatch != nil {
+		w.unwatch()
 	}
 	for _, f := range w.files {
 		f.Close()
