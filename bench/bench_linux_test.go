@@ -73,6 +73,7 @@ func TestBenchSuite(t *testing.T) {
 	}
 	run("exec_latency", s.benchExecLatency)
 	run("exit_notify", s.benchExitNotify)
+	run("long_poll", s.benchLongPoll)
 	run("throughput", s.benchThroughput)
 	run("drain", s.benchDrain)
 	run("scale", s.benchScale)
