@@ -56,7 +56,10 @@ class _AsyncConn:
 
     @classmethod
     async def open(cls, path: str) -> "_AsyncConn":
-        reader, writer = await asyncio.open_unix_connection(path, limit=_READ_LIMIT)
+        try:
+            reader, writer = await asyncio.open_unix_connection(path, limit=_READ_LIMIT)
+        except OSError as e:
+            raise ConnectionClosed(f"connect to corrald at {path}: {e} (is corrald running? CORRAL_SOCKET names its socket)") from e
         return cls(reader, writer)
 
     async def _read_loop(self) -> None:

@@ -46,9 +46,9 @@ class _Conn:
             s.settimeout(timeout if timeout is not None else 10.0)
             s.connect(path)
             s.settimeout(timeout)
-        except OSError:
+        except OSError as e:
             s.close()
-            raise
+            raise ConnectionClosed(f"connect to corrald at {path}: {e} (is corrald running? CORRAL_SOCKET names its socket)") from e
         self.sock = s
         self.rfile = s.makefile("rb")
         self.next_id = 0

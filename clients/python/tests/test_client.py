@@ -373,6 +373,14 @@ class ClientTest(unittest.TestCase):
         r = self.c.run(["sleep", "30"], timeout_ms=200, grace_ms=100)
         self.assertEqual(r.outcome, "timeout")
 
+    def test_corrald_not_running(self):
+        missing = os.path.join(tempfile.mkdtemp(prefix="corral-pynone-"), "none.sock")
+        with self.assertRaises(corral.ConnectionClosed) as cm:
+            corral.Client(missing)
+        self.assertIn(missing, str(cm.exception))
+        with self.assertRaises(corral.ConnectionClosed):
+            asyncio.run(aio.connect(missing))
+
     def test_argv_must_be_a_list(self):
         with self.assertRaises(TypeError):
             self.c.start("echo hi")
