@@ -120,3 +120,81 @@ func (p *pyPeer) drain(t *testing.T, n int64) time.Duration {
 	}
 	return time.Duration(r.NS)
 }
+
+// spawnPeerSource is the C-speed floor: posix_spawn + waitpid of /bin/true
+// in a long-lived C process (see its comment).
+const spawnPeerSource = "testdata/spawn_peer.c"
+
+// spawnPeer is one running spawn_peer. Owned by the test goroutine that
+// started it; stopped by a t.Cleanup.
+type spawnPeer struct {
+	in    io.WriteCloser
+	lines *bufio.Scanner
+}
+
+// startSpawnPeer compiles spawn_peer.c with the C compiler (cc) and starts
+// it, or returns nil with the reason when there is no compiler.
+func startSpawnPeer(t *testing.T) (*spawnPeer, string) {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		return nil, "no C compiler (cc) on PATH"
+	}
+	src, err := filepath.Abs(spawnPeerSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "spawn_peer")
+	if out, err := exec.Command(cc, "-O2", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("compile %s: %v\n%s", src, err, out)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), markEnv+"="+markValue()+"-spawn")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start spawn peer: %v", err)
+	}
+	t.Cleanup(func() {
+		_, _ = io.WriteString(in, "quit\n")
+		in.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("spawn peer: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("spawn peer did not quit within 30s; killed")
+		}
+	})
+	return &spawnPeer{in: in, lines: bufio.NewScanner(out)}, ""
+}
+
+// runTrue is one posix_spawn + waitpid of /bin/true in the peer; the time
+// is the peer's own (CLOCK_MONOTONIC around the two calls).
+func (p *spawnPeer) runTrue(t *testing.T) time.Duration {
+	t.Helper()
+	if _, err := io.WriteString(p.in, "true\n"); err != nil {
+		t.Fatalf("spawn peer: %v", err)
+	}
+	if !p.lines.Scan() {
+		t.Fatalf("spawn peer: no answer: %v", p.lines.Err())
+	}
+	var ns int64
+	var code int
+	if _, err := fmt.Sscanf(p.lines.Text(), "%d %d", &ns, &code); err != nil || code != 0 {
+		t.Fatalf("spawn peer: answer %q (%v), want a time and exit status 0", p.lines.Text(), err)
+	}
+	return time.Duration(ns)
+}
