@@ -431,6 +431,53 @@ func TestJournalAuditTrail(t *testing.T) {
 	}
 }
 
+// The journal trail of a terminal execution with an idle limit and a moved
+// deadline: started has TTY, TTY_SIZE and IDLE_TIMEOUT_MS, running has
+// DEADLINE, exec.update logs EVENT=updated with the new DEADLINE.
+func TestJournalTerminalAndDeadline(t *testing.T) {
+	setup(t)
+	c := client(t)
+	rec, err := c.Start(context.Background(), api.StartParams{Argv: []string{"sh", "-c", "sleep 0.5"}, TTY: true,
+		TTYSize: &api.TTYSize{Rows: 33, Cols: 99}, IdleTimeoutMS: 20000, TimeoutMS: 30000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := int64(25000)
+	up, err := c.Update(context.Background(), api.UpdateParams{ID: rec.ID, TimeoutMS: &ms})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(context.Background(), api.WaitParams{ID: rec.ID}); err != nil {
+		t.Fatal(err)
+	}
+	byEvent := map[string]journalEntry{}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, e := range journal(t, rec.ID) {
+			ev, _ := e["EVENT"].(string)
+			byEvent[ev] = e
+		}
+		if byEvent["cleaned"] != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if e := byEvent["started"]; e == nil || e["TTY"] != "true" || e["TTY_SIZE"] != "33x99" || e["IDLE_TIMEOUT_MS"] != "20000" {
+		t.Errorf("started entry = %v, want TTY=true TTY_SIZE=33x99 IDLE_TIMEOUT_MS=20000", e)
+	}
+	if e := byEvent["running"]; e == nil || e["DEADLINE"] == nil || e["DEADLINE"] == "" {
+		t.Errorf("running entry = %v, want a DEADLINE", e)
+	}
+	e := byEvent["updated"]
+	if e == nil {
+		t.Fatalf("no updated entry (events %v)", byEvent)
+	}
+	got, err := time.Parse(time.RFC3339Nano, fmt.Sprint(e["DEADLINE"]))
+	if err != nil || got.Sub(*up.Deadline).Abs() > time.Second {
+		t.Errorf("updated entry DEADLINE = %v (%v), want %v", e["DEADLINE"], err, up.Deadline)
+	}
+}
+
 // corrald killed -9 mid-run: the next start (socket activation on the next
 // connection) kills and removes the leftover scope and records the
 // execution as lost.
