@@ -58,6 +58,7 @@ func TestBenchSuite(t *testing.T) {
 		scaleMax, systemdN, tputWindows64 = 100, 10, 1
 		profileExecN, profileDrainN = 30, 1
 		mcpN, mcpWU = 20, 3
+		obsN = 30
 	}
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
@@ -80,6 +81,7 @@ func TestBenchSuite(t *testing.T) {
 	run("systemd", s.benchSystemd)
 	run("profile", s.benchProfile)
 	run("mcp", s.benchMCP)
+	run("observability", s.benchObservability)
 
 	s.targetTable()
 	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s. Load average at the end: %s.\n", time.Since(start).Round(time.Second), loadAvg())
