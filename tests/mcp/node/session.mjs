@@ -219,6 +219,14 @@ await check("write_stdin to python3 -i on a terminal", async () => {
     out += (await readUntil(a, id, (o) => o.includes("42 True True"))).out;
   }
   assert(out.includes("42 True True"), `python did not answer on a terminal: ${JSON.stringify(out)}`);
+  // Ctrl-C on the terminal interrupts the foreground program, not the tree.
+  const sl = await a.callTool({ name: "write_stdin", arguments: { id, chars: "import time; time.sleep(60)\n", yield_time_ms: 500 } }, undefined, callOpts);
+  assert(!sl.isError && sl.structuredContent.running, text(sl));
+  const cc = await a.callTool({ name: "write_stdin", arguments: { id, chars: "\u0003", yield_time_ms: 5000 } }, undefined, callOpts);
+  assert(!cc.isError, text(cc));
+  let intr = cc.structuredContent.stdout;
+  if (!intr.includes("KeyboardInterrupt")) intr += (await readUntil(a, id, (o) => o.includes("KeyboardInterrupt"))).out;
+  assert(intr.includes("KeyboardInterrupt"), `Ctrl-C did not interrupt python: ${JSON.stringify(intr)}`);
   const q = await a.callTool({ name: "write_stdin", arguments: { id, chars: "exit()\n", yield_time_ms: 5000 } }, undefined, callOpts);
   assert(!q.isError, text(q));
   let st = q.structuredContent;
