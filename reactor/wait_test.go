@@ -76,9 +76,14 @@ func TestOutputWaitReturnsWhenDataArrives(t *testing.T) {
 func TestOutputWaitDeadlineAndEOF(t *testing.T) {
 	tr := newTestReactor(t, nil)
 	rec := tr.start(api.StartParams{Argv: []string{"sh", "-c", "echo one; read x; exit 0"}, StdinOpen: true})
+	// The first line, waited for.
+	res, err := tr.Output(context.Background(), root, api.OutputParams{ID: rec.ID, WaitMS: 60000})
+	if err != nil || string(res.Data) != "one\n" {
+		t.Fatalf("Output with wait_ms = %+v, %v; want one", res, err)
+	}
 	// Past what is kept: the wait ends at its deadline with no data.
 	start := time.Now()
-	res, err := tr.Output(context.Background(), root, api.OutputParams{ID: rec.ID, Offset: 4, WaitMS: 300})
+	res, err = tr.Output(context.Background(), root, api.OutputParams{ID: rec.ID, Offset: 4, WaitMS: 300})
 	took := time.Since(start)
 	if err != nil || len(res.Data) != 0 || res.EOF || res.NextOffset != 4 || res.TotalBytes != 4 {
 		t.Fatalf("Output at the deadline = %+v, %v; want empty at offset 4, not eof", res, err)
@@ -188,9 +193,18 @@ func TestThousandParkedReaders(t *testing.T) {
 	send := func(c, i int) {
 		wait := 60000
 		if c == 2 {
-			wait = 3000
+			wait = 5000
 		}
 		fmt.Fprintf(conns[c], `{"jsonrpc":"2.0","id":%d,"method":"exec.output","params":{"id":%q,"wait_ms":%d}}`+"\n", i, rec.ID, wait)
+	}
+	// Connection 0 first, one read at a time; then the others at once (the
+	// deadline ones' clock starts then).
+	for i := 0; i < n; i += 4 {
+		send(0, i)
+		if err := conns[0].Flush(); err != nil {
+			t.Fatal(err)
+		}
+		waitParked(i/4 + 1)
 	}
 	for i := range n {
 		if c := i % 4; c != 0 {
@@ -202,14 +216,7 @@ func TestThousandParkedReaders(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitParked(3 * n / 4)
-	for i := 0; i < n; i += 4 {
-		send(0, i)
-		if err := conns[0].Flush(); err != nil {
-			t.Fatal(err)
-		}
-		waitParked(3*n/4 + i/4 + 1)
-	}
+	waitParked(n)
 	if g := runtime.NumGoroutine(); g-before > 50 {
 		t.Fatalf("goroutines grew by %d with %d parked reads, want none per read", g-before, n)
 	}
@@ -314,7 +321,8 @@ func TestUpdateMovesDeadline(t *testing.T) {
 		}
 	})
 	t.Run("extend", func(t *testing.T) {
-		rec := tr.start(api.StartParams{Argv: []string{"sleep", "1.5"}, TimeoutMS: 700})
+		// Without the update the 2 s limit would end the 3 s sleep.
+		rec := tr.start(api.StartParams{Argv: []string{"sleep", "3"}, TimeoutMS: 2000})
 		if _, err := tr.Update(context.Background(), root, api.UpdateParams{ID: rec.ID, TimeoutMS: ms(30000)}); err != nil {
 			t.Fatal(err)
 		}

@@ -244,7 +244,7 @@ func TestCorralctlTerminalCommands(t *testing.T) {
 		!strings.Contains(out, "Idle timeout:") || !strings.Contains(out, "Deadline:") {
 		t.Fatalf("status = %d:\n%s\n(stderr %q); want terminal, idle timeout and deadline", code, out, errs)
 	}
-	code, out, errs = d.ctl("extend", id, "2s")
+	code, out, errs = d.ctl("extend", id, "5s")
 	if code != 0 || !strings.Contains(out, "deadline") {
 		t.Fatalf("extend = %d, %q (stderr %q)", code, out, errs)
 	}
@@ -255,7 +255,7 @@ func TestCorralctlTerminalCommands(t *testing.T) {
 	}()
 	rec, err := d.Client().Wait(context.Background(), api.WaitParams{ID: id})
 	if err != nil || rec.Outcome == nil || *rec.Outcome != api.OutcomeTimeout || rec.DurationMS > 20000 {
-		t.Fatalf("after extend 2s: %v outcome %v after %d ms; want timeout at the new deadline", err, rec.Outcome, rec.DurationMS)
+		t.Fatalf("after extend 5s: %v outcome %v after %d ms; want timeout at the new deadline", err, rec.Outcome, rec.DurationMS)
 	}
 	select {
 	case out := <-logs:
