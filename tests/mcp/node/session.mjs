@@ -194,6 +194,19 @@ await check("exec_command output budget: head and tail with the middle marked", 
   assert(s.stdout_total_bytes === 588895, `total ${s.stdout_total_bytes}`);
 });
 
+await check("exec_command output never cut inside a character, binary shown safely", async () => {
+  const r = await a.callTool({ name: "exec_command", arguments: { argv: ["python3", "-c", "print('\u20ac' * 10000)"], max_output_bytes: 101 } }, undefined, callOpts);
+  assert(!r.isError, text(r));
+  started.push(r.structuredContent.id);
+  const out = r.structuredContent.stdout;
+  assert(/^€+\n\[\.\.\. \d+ bytes omitted \.\.\.\]\n€+\n$/.test(out) && !out.includes("\ufffd"), `stdout ${JSON.stringify(out)}`);
+  const b = await a.callTool({ name: "exec_command", arguments: { cmd: "head -c 4000 /dev/urandom" } }, undefined, callOpts);
+  assert(!b.isError, text(b));
+  started.push(b.structuredContent.id);
+  assert(/^\[binary output: \d+ bytes, not shown as text; first 32 bytes: ([0-9a-f]{2} ){31}[0-9a-f]{2}\]\n/.test(b.structuredContent.stdout), `binary stdout ${JSON.stringify(b.structuredContent.stdout)}`);
+  assert(b.structuredContent.stdout_total_bytes === 4000, `total ${b.structuredContent.stdout_total_bytes}`);
+});
+
 await check("exec_command redacts secrets unless asked not to", async () => {
   const cmd = "echo 'Authorization: Bearer abcdefghijklmnop0123'";
   const r = await a.callTool({ name: "exec_command", arguments: { cmd } }, undefined, callOpts);
@@ -243,8 +256,11 @@ await check("cancel_execution of a tree with a double-forked child: all gone", a
   const s = r.structuredContent;
   started.push(s.id);
   assert(s.running, `not running: ${text(r)}`);
-  const m = /^(\d+)\nmain (\d+)\n$/.exec(s.stdout);
-  assert(m, `stdout ${JSON.stringify(s.stdout)}`);
+  const re = /^(\d+)\nmain (\d+)\n$/;
+  let pids = s.stdout;
+  if (!re.test(pids)) pids += (await readUntil(a, s.id, (o) => re.test(pids + o))).out;
+  const m = re.exec(pids);
+  assert(m, `stdout ${JSON.stringify(pids)}`);
   const [orphan, main] = [m[1], m[2]];
   assert(fs.existsSync(`/proc/${orphan}`) && fs.existsSync(`/proc/${main}`), "processes not there before cancel");
   const c = await a.callTool({ name: "cancel_execution", arguments: { id: s.id, reason: "ts test" } }, undefined, callOpts);
