@@ -29,6 +29,9 @@ type spool struct {
 	t    int64 // header
 	size int64 // data bytes
 	err  error // first failed write: the spool is abandoned
+	// spliced counts bytes readOutput moved from the pipe into the file
+	// that write has not accounted for yet.
+	spliced int64
 }
 
 const (
@@ -67,6 +70,13 @@ func (sp *spool) write(chunk []byte, k *keptOutput) {
 	if sp == nil || sp.err != nil || len(chunk) == 0 {
 		return
 	}
+	if sp.spliced >= int64(len(chunk)) {
+		// Already in the file (readOutput).
+		sp.spliced -= int64(len(chunk))
+		sp.size += int64(len(chunk))
+		sp.maybeCompact(k)
+		return
+	}
 	n, err := unix.Pwrite(sp.fd, chunk, spoolHeader+sp.size)
 	if err == nil && n < len(chunk) {
 		err = errors.New("short write")
@@ -76,10 +86,43 @@ func (sp *spool) write(chunk []byte, k *keptOutput) {
 		return
 	}
 	sp.size += int64(n)
+	sp.maybeCompact(k)
+}
+
+func (sp *spool) maybeCompact(k *keptOutput) {
 	kept := int64(len(k.head) + len(k.tail))
 	if sp.size > kept+max(sp.half, spoolSlack) {
 		sp.compact(k)
 	}
+}
+
+// readOutput reads what s's pipe holds into r.readBuf. With a spool (and
+// no redaction, whose output differs from what the pipe held), the bytes
+// go from the pipe into the spool file in one splice(2), so a crash of
+// corrald at any instant loses none that left the pipe, and are read back
+// from the file (the page cache). Loop goroutine only.
+func (r *Reactor) readOutput(s *stream) (int, error) {
+	sp := s.spool
+	if sp == nil || sp.err != nil || sp.spliced != 0 || s.red != nil || s.tty {
+		return unix.Read(s.fd, r.readBuf)
+	}
+	off := spoolHeader + sp.size
+	n, err := unix.Splice(s.fd, nil, sp.fd, &off, len(r.readBuf), unix.SPLICE_F_NONBLOCK)
+	if n <= 0 || err != nil {
+		if err == unix.EINVAL {
+			// No splice for this pair: plain reads from now on.
+			sp.spliced = -1
+			return unix.Read(s.fd, r.readBuf)
+		}
+		return int(n), err
+	}
+	m, err := unix.Pread(sp.fd, r.readBuf[:n], spoolHeader+sp.size)
+	if err != nil || int64(m) != n {
+		sp.err = fmt.Errorf("spool %s: read back %d of %d bytes: %v", sp.path, m, n, err)
+		return max(m, 0), nil
+	}
+	sp.spliced = n
+	return m, nil
 }
 
 // compact rewrites the spool as k's kept output.

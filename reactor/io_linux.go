@@ -151,7 +151,7 @@ func (r *Reactor) drain(e *execution, s *stream) {
 		rounds = 16 // a terminal gives at most a few KiB per read
 	}
 	for i := 0; i < rounds && s.fd >= 0; i++ {
-		n, err := unix.Read(s.fd, r.readBuf)
+		n, err := r.readOutput(s)
 		if n > 0 {
 			r.obs.Output(s.name, n)
 			chunk := r.readBuf[:n]

@@ -260,7 +260,7 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	}
 	mergeStats(&e.rec.Usage, stats)
 	outcome, errText := decideOutcome(f)
-	if res.lost != "" {
+	if res.lost != "" && f.cancel == "" {
 		outcome, errText = api.OutcomeLost, res.lost
 	}
 	e.rec.Outcome = &outcome

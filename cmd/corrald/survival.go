@@ -36,8 +36,10 @@ const handoverFile = "handover.json"
 // supports.
 type survival struct {
 	passed   systemd.Passed
-	handover map[string]reactor.HandoverExec // nil: not started by a handover
-	info     api.SurvivalInfo
+	handover map[string]reactor.HandoverExec // what a handover left; nil: none
+	// fromHandover: this image was exec'd by a handover.
+	fromHandover bool
+	info         api.SurvivalInfo
 	// byID are the passed fds of executions: id -> role -> fd.
 	byID map[string]map[string]int
 	// adopt are the unfinished records taken over; lost says why the
@@ -73,16 +75,20 @@ func takeSurvival(ctx context.Context, c *config, log zerolog.Logger) *survival 
 		sv.byID[id][role] = fds[0]
 	}
 	sv.passed.Fds = nil // owned by byID now
-	if fromHandover {
+	// A handover's state: this image's own, or that of a handover whose new
+	// image died before it read it (systemd restarted corrald since: the
+	// crash path, with the memory-only state still good).
+	path := filepath.Join(c.stateDir, handoverFile)
+	if b, err := os.ReadFile(path); err == nil {
 		sv.handover = map[string]reactor.HandoverExec{}
-		path := filepath.Join(c.stateDir, handoverFile)
-		if b, err := os.ReadFile(path); err != nil {
-			log.Error().Err(err).Msg("handover: state of the previous image")
-		} else if err := json.Unmarshal(b, &sv.handover); err != nil {
+		if err := json.Unmarshal(b, &sv.handover); err != nil {
 			log.Error().Err(err).Str("file", path).Msg("handover: state of the previous image")
 		}
 		os.Remove(path)
+	} else if fromHandover {
+		log.Error().Err(err).Msg("handover: state of the previous image")
 	}
+	sv.fromHandover = fromHandover
 	sv.info.Handover = !c.noPidfd
 	sv.info.PidfdExitInfo = !c.noPidfdExitInfo && reactor.ProbePidfdExitInfo()
 	if !c.noFdStore && !c.noPidfd {
@@ -186,7 +192,7 @@ func (sv *survival) lostWhy(rec api.Record) string {
 	switch {
 	case rec.State == api.StateStarted:
 		return "corrald restarted while the execution was starting"
-	case sv.handover != nil:
+	case sv.fromHandover:
 		return "corrald was upgraded in place (handover) but the execution's fds were not handed over"
 	case !sv.info.FdStore:
 		return "corrald restarted while the execution ran, and nothing kept it across the restart: there is no fd store (corrald is not a systemd service with FileDescriptorStoreMax=), so a crash ends running executions"

@@ -71,6 +71,7 @@ func TestDeployUnits(t *testing.T) {
 		{"corrald.service", "Type", "notify"},
 		{"corrald.service", "NotifyAccess", "main"},
 		{"corrald.service", "Restart", "on-failure"},
+		{"corrald.service", "FileDescriptorStoreMax", "5120"},
 		{"corrald.service", "KillMode", "mixed"},
 		{"corrald.service", "TimeoutStopUSec", "1min"},
 		{"corrald.service", "NoNewPrivileges", "yes"},

@@ -1,0 +1,631 @@
+// Package survival checks that no running execution dies with corrald
+// (issue 9): corrald runs as the real systemd service (deploy/ units)
+// inside a private systemd booted by tests/harness; it is killed with
+// SIGKILL and restarted by systemd (the fd store), reloaded (the handover),
+// and handed over to a binary that fails; every execution must end with
+// its real outcome.
+package survival
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/harness"
+)
+
+const (
+	socket   = "/run/corral/corrald.sock"
+	stateDir = "/run/corral-state" // tmpfs inside the harness
+	countDir = "/run/corral-counts"
+	binEnv   = "CORRAL_TEST_BINDIR"
+	helper   = "CORRAL_TEST_HELPER"
+)
+
+func TestMain(m *testing.M) {
+	// The test binary doubles as the writer the executions run.
+	switch os.Getenv(helper) {
+	case "writer":
+		os.Exit(writer())
+	case "":
+	default:
+		os.Exit(99)
+	}
+	if os.Getenv(harness.EnvInside) == "" && harness.Unavailable() == "" {
+		dir, err := os.MkdirTemp("", "corral-survival-bin-")
+		if err != nil {
+			panic(err)
+		}
+		for _, name := range []string{"corrald", "corral-shim"} {
+			build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "../../cmd/"+name)
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := build.CombinedOutput(); err != nil {
+				fmt.Printf("build %s: %v\n%s", name, err, out)
+				os.Exit(1)
+			}
+		}
+		os.Setenv(binEnv, dir)
+		code := harness.RunInside(m)
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}
+	os.Exit(harness.RunInside(m))
+}
+
+// writer writes for WRITER_MS milliseconds, as fast as the pipe takes it,
+// lines "<n>\n" numbered from 0 (so a reader can tell a byte lost or read
+// twice), then writes how many bytes it wrote to WRITER_COUNT and exits 0.
+// WRITER_PACE_US sleeps between lines.
+func writer() int {
+	ms, _ := strconv.Atoi(os.Getenv("WRITER_MS"))
+	pace, _ := strconv.Atoi(os.Getenv("WRITER_PACE_US"))
+	end := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	var total int64
+	buf := make([]byte, 0, 64<<10)
+	for n := 0; time.Now().Before(end); {
+		buf = buf[:0]
+		for len(buf) < 32<<10 {
+			buf = strconv.AppendInt(buf, int64(n), 10)
+			buf = append(buf, '\n')
+			n++
+			if pace > 0 {
+				break
+			}
+		}
+		w, err := os.Stdout.Write(buf)
+		total += int64(w)
+		if err != nil {
+			break
+		}
+		if pace > 0 {
+			time.Sleep(time.Duration(pace) * time.Microsecond)
+		}
+	}
+	if err := os.WriteFile(os.Getenv("WRITER_COUNT"), []byte(strconv.FormatInt(total, 10)), 0o644); err != nil {
+		return 2
+	}
+	return 0
+}
+
+var setupOnce sync.Once
+
+// setup installs corrald's real units (deploy/) with ExecStart pointing at
+// a copy of the binary under test (so a test may replace it), the state in
+// a tmpfs, and starts the socket and the service.
+func setup(t *testing.T) {
+	t.Helper()
+	harness.Require(t)
+	t.Cleanup(func() {
+		// SURVIVAL_JOURNAL=<host path>: where a failing test leaves the
+		// whole journal of corrald.
+		if p := os.Getenv("SURVIVAL_JOURNAL"); p != "" && t.Failed() {
+			out, _ := exec.Command("journalctl", "-u", "corrald", "-o", "short-precise", "--no-pager").CombinedOutput()
+			os.WriteFile(harness.InsidePath(p), out, 0o644)
+		}
+	})
+	setupOnce.Do(func() {
+		bin := harness.InsidePath(os.Getenv(binEnv))
+		unitDir := os.Getenv(harness.EnvUnitDir)
+		for _, u := range []string{"corrald.service", "corrald.socket", "corral.slice"} {
+			b, err := os.ReadFile("../../deploy/" + u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(unitDir, u), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		writeDropin(t, bin+"/corrald")
+		if exec.Command("getent", "group", "corral").Run() != nil {
+			b, _ := os.ReadFile("/etc/group")
+			os.WriteFile("/run/corral-test-group", append(b, []byte("corral:x:4243:\n")...), 0o644)
+			sh(t, "mount", "--bind", "/run/corral-test-group", "/etc/group")
+		}
+		os.MkdirAll(stateDir, 0o700)
+		os.MkdirAll(countDir, 0o777)
+		sh(t, "systemctl", "daemon-reload")
+		sh(t, "systemctl", "start", "corrald.socket", "corrald.service")
+	})
+}
+
+// writeDropin points ExecStart at bin with extra flags.
+func writeDropin(t *testing.T, bin string, flags ...string) {
+	t.Helper()
+	dropin := filepath.Join(os.Getenv(harness.EnvUnitDir), "corrald.service.d")
+	os.MkdirAll(dropin, 0o755)
+	override := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --state-dir %s --log-level debug --kill-wait 3s %s\nReadWritePaths=%s %s\n",
+		bin, stateDir, strings.Join(flags, " "), stateDir, countDir)
+	if err := os.WriteFile(filepath.Join(dropin, "test.conf"), []byte(override), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sh(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func prop(t *testing.T, p string) string {
+	return sh(t, "systemctl", "show", "-p", p, "--value", "corrald.service")
+}
+
+func mainPID(t *testing.T) int {
+	n, _ := strconv.Atoi(prop(t, "MainPID"))
+	return n
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// dial connects, retrying for up to 30s (corrald may be restarting).
+func dial(t *testing.T) *ipc.Client {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := ipc.Dial(socket)
+		if err == nil {
+			if _, err = c.Info(ctx(t)); err == nil {
+				t.Cleanup(func() { c.Close() })
+				return c
+			}
+			c.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("corrald does not answer on %s: %v\n%s", socket, err, journalTail())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func journalTail() string {
+	out, _ := exec.Command("journalctl", "-u", "corrald", "-n", "60", "--no-pager", "-o", "cat").CombinedOutput()
+	return string(out)
+}
+
+func outcome(r api.Record) string {
+	if r.Outcome == nil {
+		return ""
+	}
+	return string(*r.Outcome)
+}
+
+func strOr(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// load is the 20 executions of "What it must show".
+type load struct {
+	writers  []string // ids; each counts its own bytes in countDir/<id>
+	seq      string   // a paced writer whose every byte is kept (the follower's)
+	sleepers []string
+	stdin    string
+	timeout  string
+	exit7    string
+	pids     map[string]int
+	units    map[string]string
+}
+
+// startLoad starts the 20: 6 fast writers and a paced one for writeMS, 10
+// sleepers of sleepMS, cat with stdin open, a sleep whose timeout is
+// timeoutMS, and one that exits 7 after exit7MS.
+func startLoad(t *testing.T, c *ipc.Client, writeMS, sleepMS, timeoutMS, exit7MS int) *load {
+	t.Helper()
+	exe, _ := os.Executable()
+	l := &load{pids: map[string]int{}, units: map[string]string{}}
+	start := func(p api.StartParams) string {
+		t.Helper()
+		if p.TimeoutMS == 0 {
+			p.TimeoutMS = 120000
+		}
+		p.Cwd = "/"
+		rec, err := c.Start(ctx(t), p)
+		if err != nil {
+			t.Fatalf("exec.start %v: %v", p.Argv, err)
+		}
+		if rec.State != api.StateRunning {
+			t.Fatalf("exec.start %v: state %v", p.Argv, rec.State)
+		}
+		l.pids[rec.ID], l.units[rec.ID] = rec.PID, rec.Scope
+		return rec.ID
+	}
+	for i := 0; i < 6; i++ {
+		id := fmt.Sprintf("writer-%d-%d", i, time.Now().UnixNano())
+		start(api.StartParams{ID: id, Argv: []string{exe}, Env: map[string]string{
+			helper: "writer", "WRITER_MS": strconv.Itoa(writeMS), "WRITER_COUNT": countDir + "/" + id}})
+		l.writers = append(l.writers, id)
+	}
+	l.seq = fmt.Sprintf("seq-%d", time.Now().UnixNano())
+	start(api.StartParams{ID: l.seq, Argv: []string{exe}, OutputLimitBytes: 64 << 20, Env: map[string]string{
+		helper: "writer", "WRITER_MS": strconv.Itoa(writeMS), "WRITER_PACE_US": "200", "WRITER_COUNT": countDir + "/" + l.seq}})
+	for i := 0; i < 10; i++ {
+		l.sleepers = append(l.sleepers, start(api.StartParams{Argv: []string{"sleep", fmt.Sprintf("%.3f", float64(sleepMS)/1000)}}))
+	}
+	l.stdin = start(api.StartParams{Argv: []string{"cat"}, StdinOpen: true})
+	l.timeout = start(api.StartParams{Argv: []string{"sleep", "1000"}, TimeoutMS: int64(timeoutMS), GraceMS: 100})
+	l.exit7 = start(api.StartParams{Argv: []string{"sh", "-c", fmt.Sprintf("sleep %.3f; exit 7", float64(exit7MS)/1000)}})
+	return l
+}
+
+// check waits for all 20 and asserts the real outcomes, the byte counts,
+// adoption, and that the trees and the fd store are empty at the end.
+func (l *load) check(t *testing.T, c *ipc.Client, adopted int) {
+	t.Helper()
+	if _, err := c.Write(ctx(t), api.WriteParams{ID: l.stdin, Data: []byte("still open"), Close: true}); err != nil {
+		t.Errorf("exec.write to the stdin kept open: %v", err)
+	}
+	wait := func(id string) api.Record {
+		rec, err := c.Wait(ctx(t), api.WaitParams{ID: id})
+		if err != nil || rec.State != api.StateCleaned {
+			t.Fatalf("exec.wait %s: %v (state %v)\n%s", id, err, rec.State, journalTail())
+		}
+		if outcome(rec) == "lost" {
+			t.Errorf("%s (%v): lost: %s", id, rec.Argv, strOr(rec.Error))
+		}
+		if rec.Adopted != adopted {
+			t.Errorf("%s (%v): adopted %d, want %d", id, rec.Argv, rec.Adopted, adopted)
+		}
+		return rec
+	}
+	for _, id := range append(append([]string{}, l.writers...), l.seq) {
+		rec := wait(id)
+		b, err := os.ReadFile(countDir + "/" + id)
+		if err != nil {
+			t.Errorf("writer %s: no count: %v (outcome %s)", id, err, outcome(rec))
+			continue
+		}
+		n, _ := strconv.ParseInt(string(b), 10, 64)
+		if outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 0 {
+			t.Errorf("writer %s: outcome %s exit %v error %q", id, outcome(rec), rec.ExitCode, strOr(rec.Error))
+		}
+		if rec.Stdout.TotalBytes != n || n == 0 {
+			t.Errorf("writer %s: stdout.total_bytes %d, the writer wrote %d", id, rec.Stdout.TotalBytes, n)
+		}
+	}
+	for _, id := range l.sleepers {
+		if rec := wait(id); outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 0 {
+			t.Errorf("sleeper %s: outcome %s exit %v error %q", id, outcome(rec), rec.ExitCode, strOr(rec.Error))
+		}
+	}
+	if rec := wait(l.stdin); outcome(rec) != "exited" || rec.Stdout.TotalBytes != int64(len("still open")) {
+		t.Errorf("cat with stdin open: outcome %s, stdout %d bytes; want exited, what was written after the restart", outcome(rec), rec.Stdout.TotalBytes)
+	}
+	if rec := wait(l.timeout); outcome(rec) != "timeout" {
+		t.Errorf("timeout: outcome %s error %q, want timeout", outcome(rec), strOr(rec.Error))
+	}
+	if rec := wait(l.exit7); outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 7 {
+		t.Errorf("exit 7: outcome %s exit %v error %q, want exited 7", outcome(rec), rec.ExitCode, strOr(rec.Error))
+	}
+	l.checkGone(t)
+}
+
+// checkGone: every tree and scope is gone, and nothing is left in the fd
+// store.
+func (l *load) checkGone(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for id, pid := range l.pids {
+		for {
+			_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+			unit := l.units[id]
+			out, _ := exec.Command("systemctl", "show", "-p", "LoadState", "--value", unit).Output()
+			if os.IsNotExist(err) && (unit == "" || strings.TrimSpace(string(out)) == "not-found") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s: pid %d or unit %s (%s) still there", id, pid, unit, out)
+				syscall.Kill(pid, syscall.SIGKILL)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for {
+		n := prop(t, "NFileDescriptorStore")
+		if n == "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("fd store holds %s fds after every execution was cleaned", n)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// follow follows id from offset 0 across connection losses, resuming with
+// the offsets it has, until the execution is cleaned; it returns the bytes
+// received, in order.
+func follow(t *testing.T, id string, done chan<- []byte) {
+	var got []byte
+	var mu sync.Mutex
+	reconnects := 0
+	for {
+		c, err := ipc.Dial(socket)
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		mu.Lock()
+		off := int64(len(got))
+		mu.Unlock()
+		rec, err := c.Follow(context.Background(), api.FollowParams{ID: id, StdoutOffset: off, StderrOffset: 0},
+			func(method string, params json.RawMessage) {
+				if method != api.NotifyOutput {
+					return
+				}
+				var n api.OutputNotification
+				if json.Unmarshal(params, &n) != nil || n.Stream != "stdout" {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if n.Offset != int64(len(got)) {
+					got = append(got, []byte(fmt.Sprintf("<offset %d at %d>", n.Offset, len(got)))...)
+					return
+				}
+				got = append(got, n.Data...)
+			})
+		c.Close()
+		if err == nil && rec.State == api.StateCleaned {
+			mu.Lock()
+			done <- got
+			mu.Unlock()
+			return
+		}
+		reconnects++
+		if reconnects > 200 {
+			done <- append(got, []byte("<too many reconnects>")...)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// dialLoop dials the socket every millisecond until stopped; it reports
+// the attempts and how many were refused.
+func dialLoop() (stop func() (tries, refused int)) {
+	var tries, refused atomic.Int64
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			tries.Add(1)
+			conn, err := net.Dial("unix", socket)
+			if err != nil {
+				if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+					refused.Add(1)
+				}
+			} else {
+				conn.Close()
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return func() (int, int) {
+		close(quit)
+		wg.Wait()
+		return int(tries.Load()), int(refused.Load())
+	}
+}
+
+// waitNewMain waits until corrald's main pid differs from old and it
+// answers.
+func waitNewMain(t *testing.T, old int) *ipc.Client {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for mainPID(t) == old || mainPID(t) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("corrald not restarted (main pid %d)\n%s", mainPID(t), journalTail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return dial(t)
+}
+
+// TestSurviveKill9: the 20 across a kill -9 of corrald; systemd restarts
+// it and the fd store brings every execution back.
+func TestSurviveKill9(t *testing.T) {
+	setup(t)
+	c := dial(t)
+	info, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Survival == nil || !info.Survival.FdStore || !info.Survival.Handover || !info.Survival.PidfdExitInfo {
+		t.Fatalf("daemon.info survival = %+v, want all true under systemd on this kernel", info.Survival)
+	}
+	// Killed at ~0.5s; systemd restarts it after RestartSec=1s: the
+	// timeout (1.2s) and the exit 7 (0.9s) fall due while it is down; the
+	// writers go on for 4s, blocking on full pipes meanwhile.
+	l := startLoad(t, c, 4000, 4000, 1200, 900)
+	time.Sleep(500 * time.Millisecond)
+	old := mainPID(t)
+	sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
+	c = waitNewMain(t, old)
+	info, err = c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Adopted != 20 {
+		t.Errorf("daemon.info adopted = %d after the restart, want 20", info.Adopted)
+	}
+	l.check(t, c, 1)
+	out, _ := exec.Command("journalctl", "-u", "corrald", "EVENT=adopted", "EXEC_ID="+l.exit7, "-o", "cat", "--no-pager").Output()
+	if !strings.Contains(string(out), "adopted") {
+		t.Errorf("journal has no EVENT=adopted for %s", l.exit7)
+	}
+}
+
+// TestSurviveReload: the 20 through `systemctl reload corrald` (the
+// handover): no connection refused meanwhile, and a follower that
+// reconnects with its offsets gets every byte exactly once.
+func TestSurviveReload(t *testing.T) {
+	setup(t)
+	c := dial(t)
+	before, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := startLoad(t, c, 5000, 6000, 1600, 1500)
+	followed := make(chan []byte, 1)
+	go follow(t, l.seq, followed)
+	time.Sleep(700 * time.Millisecond)
+	stop := dialLoop()
+	sh(t, "systemctl", "reload", "corrald.service")
+	c = dial(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := c.Info(ctx(t))
+		if err == nil && info.StartedAt.After(before.StartedAt) {
+			if info.PID != before.PID {
+				t.Errorf("after the reload: pid %d, want the same pid %d (in-place exec)", info.PID, before.PID)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new image after the reload: %+v %v\n%s", info, err, journalTail())
+		}
+		c = dial(t)
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	tries, refused := stop()
+	if refused > 0 {
+		t.Errorf("%d of %d connection attempts refused during the handover", refused, tries)
+	}
+	l.check(t, c, 1)
+	var got []byte
+	select {
+	case got = <-followed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("follower did not finish")
+	}
+	// Exactly once: the numbered lines, each once, in order, as many bytes
+	// as the writer wrote.
+	b, _ := os.ReadFile(countDir + "/" + l.seq)
+	n, _ := strconv.Atoi(string(b))
+	if len(got) != n {
+		t.Errorf("follower received %d bytes, the writer wrote %d", len(got), n)
+	}
+	for i, line := range strings.Split(strings.TrimSuffix(string(got), "\n"), "\n") {
+		if line != strconv.Itoa(i) {
+			t.Errorf("follower's line %d is %q, want %d (a byte lost or read twice)", i, line, i)
+			break
+		}
+	}
+}
+
+// TestHandoverToFailingBinary: the binary on disk is a script that exits 1
+// at start (having put the real one back); the handover execs it, it
+// dies, systemd restarts the real corrald, and the executions still end
+// with their real outcomes (the crash path).
+func TestHandoverToFailingBinary(t *testing.T) {
+	setup(t)
+	c := dial(t)
+	bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
+	saved := bin + ".real"
+	sh(t, "cp", "-p", bin, saved)
+	script := fmt.Sprintf("#!/bin/sh\necho 'broken corrald' >&2\ncp -p %s %s.tmp && mv %s.tmp %s\nexit 1\n", saved, bin, bin, bin)
+	defer os.Remove(saved)
+	l := startLoad(t, c, 3000, 3000, 1200, 900)
+	time.Sleep(300 * time.Millisecond)
+	if err := os.WriteFile(bin+".new", []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(bin+".new", bin); err != nil {
+		t.Fatal(err)
+	}
+	old := mainPID(t)
+	_ = exec.Command("systemctl", "reload", "corrald.service").Run() // fails: the new image died
+	c = waitNewMain(t, old)
+	l.check(t, c, 1)
+}
+
+// TestNoPidfdExitInfoIsLost: forced to act as on a kernel without
+// PIDFD_INFO_EXIT, an execution that exited while corrald was down ends
+// lost with an error naming it; one still running is adopted.
+func TestNoPidfdExitInfoIsLost(t *testing.T) {
+	setup(t)
+	bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
+	writeDropin(t, bin, "--no-pidfd-exit-info")
+	sh(t, "systemctl", "daemon-reload")
+	sh(t, "systemctl", "restart", "corrald.service")
+	defer func() {
+		writeDropin(t, bin)
+		sh(t, "systemctl", "daemon-reload")
+		sh(t, "systemctl", "restart", "corrald.service")
+	}()
+	c := dial(t)
+	info, err := c.Info(ctx(t))
+	if err != nil || info.Survival == nil || info.Survival.PidfdExitInfo {
+		t.Fatalf("daemon.info survival = %+v, %v; want pidfd_exit_info false", info.Survival, err)
+	}
+	exited, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sh", "-c", "sleep 0.5; exit 7"}, Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 120000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	old := mainPID(t)
+	sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
+	c = waitNewMain(t, old)
+	rec, err := c.Wait(ctx(t), api.WaitParams{ID: exited.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outcome(rec) != "lost" || !strings.Contains(strOr(rec.Error), "PIDFD_INFO_EXIT") {
+		t.Errorf("exited during the outage without PIDFD_INFO_EXIT: outcome %s error %q; want lost naming PIDFD_INFO_EXIT", outcome(rec), strOr(rec.Error))
+	}
+	got, err := c.Get(ctx(t), running.ID)
+	if err != nil || got.State != api.StateRunning || got.Adopted != 1 {
+		t.Errorf("still running at the restart: state %v adopted %d err %v; want running, adopted", got.State, got.Adopted, err)
+	}
+	if rec, err = c.Cancel(ctx(t), api.CancelParams{ID: running.ID}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err = c.Wait(ctx(t), api.WaitParams{ID: running.ID})
+	if err != nil || outcome(rec) != "cancelled" {
+		t.Errorf("adopted then cancelled: outcome %s error %q, %v; want cancelled", outcome(rec), strOr(rec.Error), err)
+	}
+}
+
+func testTail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
