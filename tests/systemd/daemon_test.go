@@ -478,9 +478,10 @@ func TestJournalTerminalAndDeadline(t *testing.T) {
 	}
 }
 
-// corrald killed -9 mid-run: the next start (socket activation on the next
-// connection) kills and removes the leftover scope and records the
-// execution as lost.
+// corrald killed -9 mid-run: systemd restarts it and the fd store brings
+// the execution back, in its scope (issue 9); ending it then removes the
+// scope and the tree. (Lost executions' scopes: tests/durability and
+// tests/survival.)
 func TestLeftoverScopeAfterCrash(t *testing.T) {
 	setup(t)
 	c := client(t)
@@ -519,16 +520,29 @@ func TestLeftoverScopeAfterCrash(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	defer c2.Close()
-	waitGone(t, rec.Scope, func() bool { return unitGone(rec.Scope) })
-	if pid != 0 {
-		waitPidGone(t, "the crashed run's sleep", pid)
-	}
+	// The fd store brought the execution back (issue 9): adopted and still
+	// running in its scope; ending it now removes the scope and the tree.
 	got, err := c2.Get(context.Background(), rec.ID)
 	if err != nil {
 		t.Fatalf("exec.get after restart: %v", err)
 	}
-	if got.State != api.StateCleaned || outcome(got) != "lost" {
-		t.Errorf("after restart: state %v outcome %s, want cleaned, lost", got.State, outcome(got))
+	if got.State != api.StateRunning || got.Adopted != 1 || unitGone(rec.Scope) {
+		t.Fatalf("after restart: state %v adopted %d scope gone %v, want running, adopted 1, in its scope", got.State, got.Adopted, unitGone(rec.Scope))
+	}
+	if _, err := c2.Cancel(context.Background(), api.CancelParams{ID: rec.ID}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if got, err = c2.Wait(ctx, api.WaitParams{ID: rec.ID}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, rec.Scope, func() bool { return unitGone(rec.Scope) })
+	if pid != 0 {
+		waitPidGone(t, "the crashed run's sleep", pid)
+	}
+	if got.State != api.StateCleaned || outcome(got) != "cancelled" {
+		t.Errorf("adopted then cancelled: state %v outcome %s, want cleaned, cancelled", got.State, outcome(got))
 	}
 }
 
