@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/tests/testd"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // supervisorEnv, when set in the environment of the test binary, turns it
@@ -46,10 +48,10 @@ func TestBenchSuite(t *testing.T) {
 		t.Skip("benchmarks run only with CORRAL_BENCH=1 (make bench)")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("benchmarks need root (corrald supervises children as root)")
+		testenv.Skip(t, "benchmarks need root (corrald supervises children as root)")
 	}
 	if _, err := os.Stat(filepath.Join(cgroupMount, "cgroup.procs")); err != nil {
-		t.Skipf("benchmarks need a cgroup2 hierarchy at %s: %v", cgroupMount, err)
+		testenv.Skipf(t, "benchmarks need a cgroup2 hierarchy at %s: %v", cgroupMount, err)
 	}
 	if os.Getenv("CORRAL_BENCH_QUICK") == "1" {
 		// A smoke run of the suite itself: small counts, figures not meaningful.
@@ -63,7 +65,7 @@ func TestBenchSuite(t *testing.T) {
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
 	s.header()
-	before := testd.Measure()
+	before := testenv.Measure()
 
 	// CORRAL_BENCH_ONLY=name runs one measurement (a short check of it).
 	only := os.Getenv("CORRAL_BENCH_ONLY")

@@ -20,6 +20,8 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/harness"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // systemdEnv, when set (to the sample count), turns the test binary into
@@ -48,7 +50,7 @@ const (
 func (s *suite) benchSystemd(t *testing.T) {
 	if reason := harness.Unavailable(); reason != "" {
 		fmt.Fprintf(&s.out, "\n### (f) systemd comparison\n\nSkipped: cannot boot a harness systemd here (%s).\n", reason)
-		t.Skipf("cannot boot a harness systemd: %s", reason)
+		testenv.Skipf(t, "cannot boot a harness systemd: %s", reason)
 	}
 	sd, err := harness.Boot(harness.Options{})
 	if err != nil {

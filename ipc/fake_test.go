@@ -5,11 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -18,26 +16,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/corral-dev/corral/api"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
-// TestMain fails the package when goroutines outlive the tests.
-func TestMain(m *testing.M) {
-	before := runtime.NumGoroutine()
-	code := m.Run()
-	if code == 0 {
-		deadline := time.Now().Add(3 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if n := runtime.NumGoroutine(); n > before {
-			buf := make([]byte, 1<<20)
-			buf = buf[:runtime.Stack(buf, true)]
-			fmt.Fprintf(os.Stderr, "leaked goroutines: %d before, %d after\n%s\n", before, n, buf)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+// TestMain fails the package when fds or goroutines outlive the tests.
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // fakeService answers from memory. Behaviour is chosen by the id:
 //

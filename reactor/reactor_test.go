@@ -23,6 +23,8 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/shim"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // The test binary doubles as a child program: with CORRAL_TEST_HELPER set
@@ -34,7 +36,7 @@ func TestMain(m *testing.M) {
 	if h := os.Getenv("CORRAL_TEST_HELPER"); h != "" {
 		os.Exit(helper(h))
 	}
-	os.Exit(m.Run())
+	os.Exit(testenv.Main(m))
 }
 
 func helper(name string) int {
@@ -92,9 +94,7 @@ type testReactor struct {
 
 func newTestReactor(t *testing.T, mod func(*Config)) *testReactor {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: children run as the caller's uid")
-	}
+	testenv.SkipRoot(t, "children run as the caller's uid")
 	cfg := Config{
 		Backend:   scope.NewPgroup(),
 		Log:       zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
@@ -228,24 +228,6 @@ func TestImmediateExit(t *testing.T) {
 	}
 }
 
-// openFds counts the process's open fds: the least of a few samples, since
-// the reaper goroutine opens /proc files for a moment now and then.
-func openFds(t *testing.T) int {
-	t.Helper()
-	least := -1
-	for i := 0; i < 5; i++ {
-		ents, err := os.ReadDir("/proc/self/fd")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if least < 0 || len(ents) < least {
-			least = len(ents)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return least
-}
-
 // noZombies fails if the test process has an exited child not yet reaped.
 func noZombies(t *testing.T) {
 	t.Helper()
@@ -265,7 +247,7 @@ func TestNoLeakAfterThousandRuns(t *testing.T) {
 	c, _ := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sleep", "10"}})
 	tr.Cancel(context.Background(), root, api.CancelParams{ID: c.ID})
 	tr.wait(c.ID)
-	before := openFds(t)
+	before := testenv.Measure()
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	for i := 0; i < 1000; i++ {
@@ -299,15 +281,10 @@ func TestNoLeakAfterThousandRuns(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	after := openFds(t)
-	if after != before {
-		ents, _ := os.ReadDir("/proc/self/fd")
-		var links []string
-		for _, e := range ents {
-			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
-			links = append(links, e.Name()+"->"+l)
-		}
-		t.Errorf("open fds: %d before, %d after 1000 runs: %v", before, after, links)
+	// The reaper opens /proc files for a moment now and then: CheckFDs
+	// waits for the count to settle.
+	if err := before.CheckFDs(5 * time.Second); err != nil {
+		t.Errorf("after 1000 runs: %v", err)
 	}
 	var registered int
 	tr.onLoop(context.Background(), func() { registered = tr.loop.Registered() })

@@ -17,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/scope/cgroupv2"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // cgtBase returns a fresh base directory on this host's cgroup2 mount and
@@ -25,14 +27,14 @@ import (
 func cgtBase(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create cgroups")
+		testenv.Skip(t, "needs root to create cgroups")
 	}
 	h := Detect()
 	if h.Cgroup2Mount == "" {
-		t.Skip("no cgroup2 mount on this host")
+		testenv.Skip(t, "no cgroup2 mount on this host")
 	}
 	if _, err := os.Stat(filepath.Join(h.Cgroup2Mount, "cgroup.subtree_control")); err != nil {
-		t.Skipf("cgroup2 mount %s unusable: %v", h.Cgroup2Mount, err)
+		testenv.Skipf(t, "cgroup2 mount %s unusable: %v", h.Cgroup2Mount, err)
 	}
 	base := filepath.Join(h.Cgroup2Mount, fmt.Sprintf("corral-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
 	t.Cleanup(func() {
@@ -71,7 +73,7 @@ func cgtCgroupOf(t *testing.T, pid int) string {
 
 func TestCgroupKillsOrphanedGrandchild(t *testing.T) {
 	bkSubreaper(t)
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	b, base := cgtBackend(t)
 	c := bkStart(t, b, "orphan", Limits{}, "sh", "-c", "sleep 1000 & echo $!; exit 0")
 	sleep := c.pid(t)
@@ -110,7 +112,7 @@ func TestCgroupKillsOrphanedGrandchild(t *testing.T) {
 // dies with it.
 func TestCgroupKillsSetsidDoubleFork(t *testing.T) {
 	bkSubreaper(t)
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	b, _ := cgtBackend(t)
 	c := bkStart(t, b, "daemonize", Limits{}, "sh", "-c", `setsid sh -c 'sleep 1000 & echo $!'; exec sleep 1000`)
 	escaped := c.pid(t)
@@ -137,7 +139,7 @@ func TestCgroupKillsSetsidDoubleFork(t *testing.T) {
 
 func TestCgroupSignalReachesGrandchildren(t *testing.T) {
 	bkSubreaper(t)
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	b, base := cgtBackend(t)
 	c := bkStart(t, b, "term", Limits{}, "sh", "-c", `setsid sh -c 'sleep 1000 & echo $!'; sleep 1000 & echo $!; wait`)
 	pids := []int{c.pid(t), c.pid(t)}
@@ -159,7 +161,7 @@ func TestCgroupSignalReachesGrandchildren(t *testing.T) {
 }
 
 func TestCgroupStats(t *testing.T) {
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	b, _ := cgtBackend(t)
 	c := bkStart(t, b, "spin", Limits{}, "sh", "-c", "while :; do :; done")
 	first, err := c.scope.Stats()
@@ -210,7 +212,7 @@ func TestCgroupStats(t *testing.T) {
 }
 
 func TestCgroupLimits(t *testing.T) {
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	b, base := cgtBackend(t)
 	lim := Limits{MemoryBytes: 64 << 20, TasksMax: 16, CPUMS: 1000}
 	c := bkStart(t, b, "limits", lim, "sleep", "1000")
@@ -261,7 +263,7 @@ func TestCgroupPrepareRejectsBadIDs(t *testing.T) {
 
 // A scope that was never started must not keep its directory fd or dir.
 func TestCgroupRemoveUnstarted(t *testing.T) {
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	b, base := cgtBackend(t)
 	cmd := bkCommand("true")
 	sc, err := b.Prepare(context.Background(), Spec{ID: "never", Cmd: cmd})
@@ -281,7 +283,7 @@ func TestCgroupRemoveUnstarted(t *testing.T) {
 
 func TestCgroupCleanLeftovers(t *testing.T) {
 	bkSubreaper(t)
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	b, base := cgtBackend(t)
 	// A previous run left a scope with a live process (and a nested cgroup
 	// the process made).

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // Test helpers shared by the pgroup and cgroup tests start with "bk" so they
@@ -150,25 +152,6 @@ func bkWaitEmpty(t *testing.T, sc Scope) {
 	}
 }
 
-// bkCheckFDs fails the test if it ends with more open fds than it started
-// with. Register it first so its cleanup runs last.
-func bkCheckFDs(t *testing.T) {
-	t.Helper()
-	count := func() int {
-		ents, err := os.ReadDir("/proc/self/fd")
-		if err != nil {
-			t.Fatalf("list fds: %v", err)
-		}
-		return len(ents)
-	}
-	before := count()
-	t.Cleanup(func() {
-		if after := count(); after > before {
-			t.Errorf("open fds: %d before the test, %d after", before, after)
-		}
-	})
-}
-
 func TestPgroupPrepare(t *testing.T) {
 	tests := []struct {
 		name string
@@ -221,7 +204,7 @@ func TestPgroupBeforeStarted(t *testing.T) {
 
 func TestPgroupKillsOrphanedGrandchild(t *testing.T) {
 	bkSubreaper(t)
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	c := bkStart(t, NewPgroup(), "orphan", Limits{}, "sh", "-c", "sleep 1000 & echo $!; exit 0")
 	sleep := c.pid(t)
 	if err := c.wait(t); err != nil {
@@ -253,7 +236,7 @@ func TestPgroupKillsOrphanedGrandchild(t *testing.T) {
 
 func TestPgroupSignalReachesGrandchild(t *testing.T) {
 	bkSubreaper(t)
-	bkCheckFDs(t)
+	testenv.CheckFDs(t)
 	c := bkStart(t, NewPgroup(), "term", Limits{}, "sh", "-c", "sleep 1000 & echo $!; wait")
 	sleep := c.pid(t)
 	if err := c.scope.Signal(unix.SIGTERM); err != nil {

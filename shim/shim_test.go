@@ -16,10 +16,13 @@ import (
 
 	"github.com/corral-dev/corral/shim"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // TestMain makes the test binary a shim too: Wrap starts /proc/self/exe.
-// After the suite it checks that no pipe, memfd or pidfd leaked.
+// After the suite it checks that no fd (pipe, memfd, pidfd) or goroutine
+// leaked.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == shim.Arg {
 		shim.Main()
@@ -27,41 +30,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(pinChildEnv) == "1" {
 		os.Exit(pinChild())
 	}
-	before := openFDs()
-	code := m.Run()
-	if code == 0 {
-		if leaked := newFDs(before, openFDs()); len(leaked) > 0 {
-			os.Stderr.WriteString("shim tests leaked file descriptors: " + strings.Join(leaked, " ") + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// openFDs maps this process's fds to what they point at.
-func openFDs() map[string]string {
-	ents, _ := os.ReadDir("/proc/self/fd")
-	m := make(map[string]string)
-	for _, e := range ents {
-		l, _ := os.Readlink("/proc/self/fd/" + e.Name())
-		m[e.Name()] = l
-	}
-	return m
-}
-
-// newFDs lists the pipes, memfds and pidfds in after but not in before (the
-// runtime opens cgroup files, epoll and eventfd lazily: those are not leaks).
-func newFDs(before, after map[string]string) []string {
-	var leaked []string
-	for fd, l := range after {
-		if before[fd] == l {
-			continue
-		}
-		if strings.HasPrefix(l, "pipe:") || strings.HasPrefix(l, "/memfd:") || strings.Contains(l, "pidfd") {
-			leaked = append(leaked, fd+"="+l)
-		}
-	}
-	return leaked
+	os.Exit(testenv.Main(m))
 }
 
 const testPath = "PATH=/usr/local/bin:/usr/bin:/bin"
@@ -122,7 +91,7 @@ func (r *run) finish(t *testing.T) (*shim.ExecError, int) {
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		testenv.Skip(t, "needs root")
 	}
 }
 
@@ -406,7 +375,7 @@ func TestNoNewPrivs(t *testing.T) {
 func TestLoopbackUp(t *testing.T) {
 	needRoot(t)
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("ip(8) not installed")
+		testenv.Skip(t, "ip(8) not installed")
 	}
 	for _, up := range []bool{false, true} {
 		r := start(t, shim.Config{

@@ -18,6 +18,8 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/rs/zerolog"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 func TestReopen(t *testing.T) {
@@ -307,11 +309,11 @@ func TestNewerSchemaRefused(t *testing.T) {
 // writes succeed and Health clears.
 func TestDiskFull(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs")
+		testenv.Skip(t, "needs root to mount a tmpfs")
 	}
 	dir := t.TempDir()
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m,mode=0700"); err != nil {
-		t.Skipf("cannot mount tmpfs: %v", err)
+		testenv.Skipf(t, "cannot mount tmpfs: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := syscall.Unmount(dir, 0); err != nil {
@@ -372,7 +374,7 @@ func TestDiskFull(t *testing.T) {
 // fails with an error naming the file instead of running without writes.
 func TestReadOnly(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to bind-mount read-only")
+		testenv.Skip(t, "needs root to bind-mount read-only")
 	}
 	dir, ro := t.TempDir(), t.TempDir()
 	s, err := Open(dir, testLogger(t))
@@ -382,7 +384,7 @@ func TestReadOnly(t *testing.T) {
 	mustCreate(t, s, newRecord("x", 1000, 0, nil))
 	s.Close()
 	if err := syscall.Mount(dir, ro, "", syscall.MS_BIND, ""); err != nil {
-		t.Skipf("cannot bind-mount: %v", err)
+		testenv.Skipf(t, "cannot bind-mount: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := syscall.Unmount(ro, 0); err != nil {
@@ -390,7 +392,7 @@ func TestReadOnly(t *testing.T) {
 		}
 	})
 	if err := syscall.Mount("", ro, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
-		t.Skipf("cannot remount read-only: %v", err)
+		testenv.Skipf(t, "cannot remount read-only: %v", err)
 	}
 	s, err = Open(ro, testLogger(t))
 	if err == nil {

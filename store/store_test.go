@@ -5,14 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/tests/testenv"
 	"github.com/rs/zerolog"
 )
 
@@ -20,57 +19,7 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashChildEnv); dir != "" {
 		crashChild(dir) // never returns
 	}
-	// The runtime's netpoller opens its epoll and eventfd on first use;
-	// start it now so that the baseline includes them.
-	if r, w, err := os.Pipe(); err == nil {
-		r.Close()
-		w.Close()
-	}
-	fds := openFDs()
-	code := m.Run()
-	if code == 0 {
-		if err := checkLeaks(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		}
-		if after := openFDs(); after > fds {
-			fmt.Fprintf(os.Stderr, "leaked %d file descriptors\n", after-fds)
-
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func openFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return 0
-	}
-	return len(ents)
-}
-
-// checkLeaks fails when a writer or sweeper goroutine outlived its test.
-func checkLeaks() error {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		buf := make([]byte, 1<<20)
-		stacks := string(buf[:runtime.Stack(buf, true)])
-		leaked := ""
-		for _, g := range strings.Split(stacks, "\n\n") {
-			if strings.Contains(g, "store.(*SQLite).writer") || strings.Contains(g, "store.StartSweeper") {
-				leaked = g
-				break
-			}
-		}
-		if leaked == "" {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("leaked goroutine:\n%s", leaked)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	os.Exit(testenv.Main(m))
 }
 
 // impls are the Store implementations every contract test runs against.

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 func TestOpenShimRefusesWhatRootShouldNotRun(t *testing.T) {
@@ -48,7 +50,7 @@ func TestOpenShimRefusesWhatRootShouldNotRun(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.rootOnly && os.Geteuid() != 0 {
-				t.Skip("ownership checks apply to a root daemon")
+				testenv.Skip(t, "ownership checks apply to a root daemon")
 			}
 			f, err := openShim(tt.path)
 			if err == nil {
@@ -75,7 +77,7 @@ func TestPinShimChoices(t *testing.T) {
 	// Nothing named corral-shim next to the test binary: corrald itself.
 	exe, _ := os.Executable()
 	if _, err := os.Stat(filepath.Join(filepath.Dir(exe), shimName)); !errors.Is(err, os.ErrNotExist) {
-		t.Skipf("%s exists next to the test binary", shimName)
+		testenv.Skipf(t, "%s exists next to the test binary", shimName)
 	}
 	if what, err := pinShim("", log); what != "self" || err != nil {
 		t.Errorf(`pinShim("") without corral-shim = %q, %v; want "self"`, what, err)

@@ -15,6 +15,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/corral-dev/corral/store"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // mainEnv makes the test binary run corrald's main instead of the tests,
@@ -89,7 +91,7 @@ func doubledWrap(msg string) string {
 // "corrald failed: " and why, with each piece of context said once.
 func TestStartupErrors(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("corrald's start-up needs root (no_new_privs aside, the state and socket directories)")
+		testenv.Skip(t, "corrald's start-up needs root (no_new_privs aside, the state and socket directories)")
 	}
 	tmp := t.TempDir()
 	file := filepath.Join(tmp, "a-file")

@@ -17,6 +17,8 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/testd"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 var (
@@ -40,7 +42,7 @@ func runMain(m *testing.M) int {
 		}
 	}
 	if skipReason != "" {
-		return m.Run() // every test skips with the reason
+		return testenv.Main(m) // every test skips with the reason (fails under CORRAL_STRICT=1)
 	}
 	dir, err := testd.Build("corral-dur-bin-", "corrald", "corral-shim")
 	if err != nil {
@@ -49,15 +51,7 @@ func runMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binDir = dir
-	before := testd.Measure()
-	code := m.Run()
-	if err := before.Check(5 * time.Second); err != nil {
-		fmt.Fprintf(os.Stderr, "durability: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
+	return testenv.Main(m)
 }
 
 // findCgroup2 returns the cgroup2 mount point (the hybrid layout's
@@ -90,7 +84,7 @@ func findCgroup2() string {
 func requireHost(t *testing.T) {
 	t.Helper()
 	if skipReason != "" {
-		t.Skip("durability: " + skipReason)
+		testenv.Skip(t, "durability: "+skipReason)
 	}
 }
 
@@ -131,7 +125,7 @@ func mountTmpfs(t *testing.T, size string) string {
 		t.Fatal(err)
 	}
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size="+size+",mode=0700"); err != nil {
-		t.Skipf("durability: cannot mount a tmpfs: %v", err)
+		testenv.Skipf(t, "durability: cannot mount a tmpfs: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := unix.Unmount(dir, 0); err != nil {

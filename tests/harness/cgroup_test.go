@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 func TestUnescapeMount(t *testing.T) {
@@ -73,7 +75,7 @@ func TestMountScript(t *testing.T) {
 func TestDiscoverCgroupsHere(t *testing.T) {
 	lay, err := discoverCgroups()
 	if err != nil {
-		t.Skipf("no cgroups to discover here: %v", err)
+		testenv.Skipf(t, "no cgroups to discover here: %v", err)
 	}
 	for _, h := range lay.hierarchies {
 		if !strings.HasPrefix(h.parent, h.mountpoint) {

@@ -7,11 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // boot boots a harness systemd for one test and closes it at cleanup.
@@ -143,16 +144,6 @@ func TestJournal(t *testing.T) {
 	}
 }
 
-// openFDs counts this process's open file descriptors.
-func openFDs(t *testing.T) int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(entries)
-}
-
 func TestCloseLeavesNothing(t *testing.T) {
 	SkipUnlessBootable(t)
 	// A first boot warms up what the runtime opens once (the poller's
@@ -164,8 +155,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if err := warm.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	fds := openFDs(t)
-	goroutines := runtime.NumGoroutine()
+	before := testenv.Measure()
 
 	sd, err := Boot(Options{})
 	if err != nil {
@@ -199,15 +189,8 @@ func TestCloseLeavesNothing(t *testing.T) {
 	}
 	// The goroutines that waited for init and read the console may still be
 	// returning when Close does: give them a moment.
-	deadline := time.Now().Add(5 * time.Second)
-	for (runtime.NumGoroutine() > goroutines || openFDs(t) != fds) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if got := runtime.NumGoroutine(); got > goroutines {
-		t.Errorf("goroutines 5s after Boot+Close = %d, want at most %d as before", got, goroutines)
-	}
-	if got := openFDs(t); got != fds {
-		t.Errorf("open fds 5s after Boot+Close = %d, want %d as before", got, fds)
+	if err := before.Check(5 * time.Second); err != nil {
+		t.Errorf("5s after Boot+Close: %v", err)
 	}
 	if leftover := processesIn(t, dir); len(leftover) > 0 {
 		t.Errorf("processes still mentioning %s: %v", dir, leftover)

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // RunInside is for TestMain of integration test packages:
@@ -18,7 +20,8 @@ import (
 // Outside (EnvInside unset) it boots a harness systemd, re-runs this test
 // binary with the same arguments inside it (stdout and stderr passed
 // through, EnvInside=1 and EnvUnitDir set), closes the systemd and returns
-// the inner exit code. Inside it returns m.Run(). When no systemd can be
+// the inner exit code. Inside it returns testenv.Main(m): the tests, then
+// the fd and goroutine leak check. When no systemd can be
 // booted here (not root, systemd missing) it logs why and runs the tests
 // outside with EnvUnavailable set, so that Require skips them. A boot that
 // fails where it should work is a failure (exit code 1), not a skip.
@@ -26,13 +29,13 @@ import (
 // RunInside must be called from the main goroutine of the test binary.
 func RunInside(m *testing.M) int {
 	if os.Getenv(EnvInside) != "" {
-		return m.Run()
+		return testenv.Main(m)
 	}
 	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).With().Timestamp().Str("component", "harness").Logger()
 	if reason := Unavailable(); reason != "" {
 		log.Warn().Str("reason", reason).Msg("no harness systemd; integration tests will skip")
 		os.Setenv(EnvUnavailable, reason)
-		return m.Run()
+		return testenv.Main(m)
 	}
 	sd, err := Boot(Options{})
 	if err != nil {
@@ -121,9 +124,9 @@ func Require(t testing.TB) {
 		return
 	}
 	if reason := os.Getenv(EnvUnavailable); reason != "" {
-		t.Skipf("needs the systemd test harness: %s", reason)
+		testenv.Skipf(t, "needs the systemd test harness: %s", reason)
 	}
-	t.Skip("needs the systemd test harness: run the package's TestMain with harness.RunInside")
+	testenv.Skip(t, "needs the systemd test harness: run the package's TestMain with harness.RunInside")
 }
 
 // SkipUnlessBootable skips t when Boot cannot work here (not root, systemd
@@ -131,9 +134,9 @@ func Require(t testing.TB) {
 func SkipUnlessBootable(t testing.TB) {
 	t.Helper()
 	if reason := Unavailable(); reason != "" {
-		t.Skipf("cannot boot a harness systemd: %s", reason)
+		testenv.Skipf(t, "cannot boot a harness systemd: %s", reason)
 	}
 	if Inside() {
-		t.Skip("already inside a harness systemd; not nesting another")
+		testenv.Skip(t, "already inside a harness systemd; not nesting another")
 	}
 }

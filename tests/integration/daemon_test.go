@@ -20,6 +20,8 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/tests/testd"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 var (
@@ -29,8 +31,7 @@ var (
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() != 0 {
-		fmt.Println("integration: skipped, needs root")
-		os.Exit(0)
+		os.Exit(testenv.SkipSuite("integration", "needs root"))
 	}
 	dir, err := testd.Build("corral-bin-", "corrald", "corralctl", "corral-shim")
 	if err != nil {
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 	}
 	binDir = dir
 	cgroupRoot = testd.Cgroup2Mount()
-	code := m.Run()
+	code := testenv.Main(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

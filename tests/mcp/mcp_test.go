@@ -27,6 +27,8 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/testd"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 const (
@@ -42,8 +44,7 @@ var (
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() != 0 {
-		fmt.Println("mcp: skipped, needs root (runs corrald, MCP servers as corral-a and corral-b)")
-		os.Exit(0)
+		os.Exit(testenv.SkipSuite("mcp", "needs root (runs corrald, MCP servers as corral-a and corral-b)"))
 	}
 	var undo []func()
 	for _, name := range []string{userA, userB} {
@@ -65,7 +66,7 @@ func TestMain(m *testing.M) {
 	cgroupRoot = testd.Cgroup2Mount()
 	wd, _ := os.Getwd()
 	nodeDir = filepath.Join(wd, "node")
-	code := m.Run()
+	code := testenv.Main(m)
 	os.RemoveAll(dir)
 	for _, f := range undo {
 		f()

@@ -28,6 +28,8 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/testd"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // Client mode: the environment a re-executed test binary reads.
@@ -68,8 +70,7 @@ func TestMain(m *testing.M) {
 		os.Exit(clientMain())
 	}
 	if os.Geteuid() != 0 {
-		fmt.Println("security: skipped, needs root (creates users, runs corrald)")
-		os.Exit(0)
+		os.Exit(testenv.SkipSuite("security", "needs root (creates users, runs corrald)"))
 	}
 	cleanup, err := setup()
 	if err != nil {
@@ -77,7 +78,7 @@ func TestMain(m *testing.M) {
 		fmt.Printf("security: setup: %v\n", err)
 		os.Exit(1)
 	}
-	code := m.Run()
+	code := testenv.Main(m)
 	cleanup()
 	os.Exit(code)
 }

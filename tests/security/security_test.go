@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // TestOtherUsersExecutionIsInvisible: every exec.* method that names B's
@@ -191,7 +193,7 @@ func TestSetuidBinaryCannotEscalate(t *testing.T) {
 			t.Fatalf("control run of %s as %s: %v", suid, a.name, err)
 		}
 		if strings.TrimSpace(string(out)) != "0" {
-			t.Skipf("setuid does not take effect here (nosuid mount or no_new_privs already set on the test): euid %s", out)
+			testenv.Skipf(t, "setuid does not take effect here (nosuid mount or no_new_privs already set on the test): euid %s", out)
 		}
 
 		script := suid + " -u; grep NoNewPrivs /proc/self/status"
@@ -254,7 +256,7 @@ func TestDaemonEnvironmentDoesNotLeak(t *testing.T) {
 // unreachable).
 func TestNetworkNoneCannotReachHostLoopback(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("bash not installed (needed for /dev/tcp)")
+		testenv.Skip(t, "bash not installed (needed for /dev/tcp)")
 	}
 	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
 		a := users[userA]
@@ -535,7 +537,7 @@ func TestChildGetsNoDaemonFds(t *testing.T) {
 // the host's loopback by asking corrald for a network-host execution.
 func TestNetworkNoneCannotEscapeThroughDaemon(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("bash not installed (needed for /dev/tcp)")
+		testenv.Skip(t, "bash not installed (needed for /dev/tcp)")
 	}
 	forEachSpawnPath(t, func(t *testing.T, d *daemon) {
 		ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})

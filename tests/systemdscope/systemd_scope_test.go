@@ -24,6 +24,8 @@ import (
 	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/shim"
 	"github.com/corral-dev/corral/tests/harness"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -308,7 +310,7 @@ func TestTasksMax(t *testing.T) {
 
 func TestMemoryMaxOOM(t *testing.T) {
 	if _, err := exec.LookPath("perl"); err != nil {
-		t.Skip("perl not installed")
+		testenv.Skip(t, "perl not installed")
 	}
 	b, _ := newBackend(t)
 	const limit = 64 << 20
@@ -337,7 +339,7 @@ func TestMemoryMaxOOM(t *testing.T) {
 
 func TestOOMOfLastProcessCounted(t *testing.T) {
 	if _, err := exec.LookPath("perl"); err != nil {
-		t.Skip("perl not installed")
+		testenv.Skip(t, "perl not installed")
 	}
 	b, _ := newBackend(t)
 	// The OOM victim is the only process: the scope empties and systemd

@@ -4,8 +4,8 @@
 // test's own socket, state directory and cgroup base, waits until the socket
 // accepts, shows the tail of the daemon's log when the test fails, stops the
 // daemon (SIGTERM, then SIGKILL) and checks that nothing is left behind:
-// no daemon still running, no cgroup, no fd or goroutine of the test
-// process.
+// no daemon still running, no cgroup (tests/testenv checks the fds and
+// goroutines of the test process).
 //
 // Typical use:
 //

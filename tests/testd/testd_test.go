@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 func TestTail(t *testing.T) {
@@ -36,11 +38,11 @@ func TestTail(t *testing.T) {
 func requireCgroup2(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (creates cgroups)")
+		testenv.Skip(t, "needs root (creates cgroups)")
 	}
 	root := Cgroup2Mount()
 	if root == "" {
-		t.Skip("needs a cgroup2 hierarchy")
+		testenv.Skip(t, "needs a cgroup2 hierarchy")
 	}
 	return root
 }
@@ -95,14 +97,14 @@ func TestRemoveCgroupTreeKillsAndRemoves(t *testing.T) {
 // socket, and the test's cleanup stops it with SIGTERM (a clean exit).
 func TestStartStopsInCleanup(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (corrald supervises children as root)")
+		testenv.Skip(t, "needs root (corrald supervises children as root)")
 	}
 	dir, err := Build("corral-testd-bin-", "corrald")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	before := Measure()
+	before := testenv.Measure()
 	var d *Daemon
 	t.Run("daemon", func(t *testing.T) {
 		d = Start(t, Config{Corrald: filepath.Join(dir, "corrald"), Dir: t.TempDir(),

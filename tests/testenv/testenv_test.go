@@ -1,0 +1,88 @@
+package testenv
+
+import (
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// recorder is a testing.TB that notes whether Skip or Fatal ran instead of
+// stopping the goroutine.
+type recorder struct {
+	testing.TB
+	skipped, failed bool
+	msg             string
+}
+
+func (r *recorder) Helper()                     {}
+func (r *recorder) Skip(args ...any)            { r.skipped = true }
+func (r *recorder) Fatal(args ...any)           { r.failed = true }
+func (r *recorder) Skipf(f string, args ...any) { r.skipped = true }
+func (r *recorder) Fatalf(f string, args ...any) {
+	r.failed = true
+	r.msg = f
+}
+
+func TestSkipFailsUnderStrict(t *testing.T) {
+	tests := []struct {
+		strict             string
+		wantSkip, wantFail bool
+	}{
+		{"", true, false},
+		{"0", true, false},
+		{"1", false, true},
+	}
+	for _, tt := range tests {
+		t.Run("CORRAL_STRICT="+tt.strict, func(t *testing.T) {
+			t.Setenv(StrictEnv, tt.strict)
+			r := &recorder{TB: t}
+			Skip(r, "no cgroup2 mount")
+			if r.skipped != tt.wantSkip || r.failed != tt.wantFail {
+				t.Errorf("Skip: skipped %v failed %v, want %v %v", r.skipped, r.failed, tt.wantSkip, tt.wantFail)
+			}
+			r = &recorder{TB: t}
+			Skipf(r, "needs %s", "perl")
+			if r.skipped != tt.wantSkip || r.failed != tt.wantFail {
+				t.Errorf("Skipf: skipped %v failed %v, want %v %v", r.skipped, r.failed, tt.wantSkip, tt.wantFail)
+			}
+			if code := SkipSuite("testenv", "needs root"); (code != 0) != tt.wantFail {
+				t.Errorf("SkipSuite = %d, want failure %v", code, tt.wantFail)
+			}
+		})
+	}
+}
+
+func TestCheckFindsLeakedFD(t *testing.T) {
+	warm()
+	before := Measure()
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = before.CheckFDs(50 * time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "/proc/") {
+		t.Errorf("CheckFDs with a file open = %v, want an error naming it", err)
+	}
+	f.Close()
+	if err := before.Check(2 * time.Second); err != nil {
+		t.Errorf("Check after closing it = %v, want nil", err)
+	}
+}
+
+func TestCheckFindsLeakedGoroutine(t *testing.T) {
+	before := Measure()
+	stop := make(chan struct{})
+	go func() { <-stop }()
+	if err := before.Check(50 * time.Millisecond); err == nil || !strings.Contains(err.Error(), "goroutines") {
+		t.Errorf("Check with a goroutine running = %v, want an error about goroutines", err)
+	}
+	close(stop)
+	for i := 0; i < 100 && runtime.NumGoroutine() > before.Goroutines; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := before.Check(2 * time.Second); err != nil {
+		t.Errorf("Check after it ended = %v, want nil", err)
+	}
+}
