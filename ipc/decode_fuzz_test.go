@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"strings"
 	"testing"
 	"time"
@@ -19,16 +18,6 @@ import (
 
 	"github.com/corral-dev/corral/api"
 )
-
-// With -fuzz, the fuzzing engine calls signal.Notify during m.Run, which
-// starts os/signal's watcher goroutine for good; TestMain's leak check
-// (fake_test.go) then counts it as leaked and fails the run. Start the
-// watcher before TestMain takes its count, and restore SIGUSR2's default.
-func init() {
-	c := make(chan os.Signal, 1)
-	signal.Notify(c, unix.SIGUSR2)
-	signal.Stop(c)
-}
 
 // echoService answers every call at once from its params, so a fuzzed
 // connection never waits on it. id "panic" panics; exec.follow sends two

@@ -114,6 +114,14 @@ func newTestReactor(t *testing.T, mod func(*Config)) *testReactor {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() {
+		// What a test left running ends and is cleaned before the loop
+		// stops, as at corrald's shutdown: no child, pidfd or pipe
+		// outlives the test (TestMain's leak check counts them).
+		sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer scancel()
+		if err := r.Shutdown(sctx, 0); err != nil {
+			t.Errorf("Shutdown() = %v", err)
+		}
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run() = %v", err)

@@ -3,9 +3,11 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"os/signal"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -96,14 +98,18 @@ func (before Resources) check(within time.Duration, goroutines bool) error {
 	}
 }
 
-// warm starts what the runtime opens once, lazily, for good (the
-// netpoller's epoll fd and eventfd), so that a baseline taken after it
-// does not count them as leaks.
+// warm starts what the runtime starts once, lazily, for good, so that a
+// baseline taken after it does not count them as leaks: the netpoller's
+// epoll fd and eventfd (the first pipe), and os/signal's watcher goroutine
+// (the first signal.Notify; SIGUSR2 goes back to its default at Stop).
 func warm() {
 	if r, w, err := os.Pipe(); err == nil {
 		r.Close()
 		w.Close()
 	}
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGUSR2)
+	signal.Stop(c)
 }
 
 // Main runs the package's tests and, when they passed, checks that they

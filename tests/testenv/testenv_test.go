@@ -72,6 +72,13 @@ func TestCheckFindsLeakedFD(t *testing.T) {
 }
 
 func TestCheckFindsLeakedGoroutine(t *testing.T) {
+	warm()
+	// Earlier tests' goroutines may still be ending: wait for the count to
+	// hold still before taking the baseline.
+	for n, i := -1, 0; i < 100 && runtime.NumGoroutine() != n; i++ {
+		n = runtime.NumGoroutine()
+		time.Sleep(10 * time.Millisecond)
+	}
 	before := Measure()
 	stop := make(chan struct{})
 	go func() { <-stop }()
