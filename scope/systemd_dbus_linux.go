@@ -74,7 +74,7 @@ func (b *systemdBus) close() {
 	}
 }
 
-// getConn returns the live connection, dialling a new one if there is none
+// get returns the live connection, dialling a new one if there is none
 // or the old one broke. This is the one place that reconnects.
 func (b *systemdBus) get(ctx context.Context) (*sddbus.Conn, error) {
 	b.mu.Lock()
