@@ -56,8 +56,9 @@ func (b *cgroupBackend) Adopt(_ context.Context, name string, limits Limits) (Sc
 
 // Adopt takes over the running unit corral-<id>.scope.
 func (b *systemdBackend) Adopt(ctx context.Context, name string, limits Limits) (Scope, error) {
-	id, ok := strings.CutPrefix(name, ScopePrefix)
-	if id, ok = strings.CutSuffix(id, ScopeSuffix); !ok {
+	id, hasPrefix := strings.CutPrefix(name, ScopePrefix)
+	id, hasSuffix := strings.CutSuffix(id, ScopeSuffix)
+	if !hasPrefix || !hasSuffix {
 		return nil, fmt.Errorf("adopt %s: not a corral scope unit", name)
 	}
 	if _, err := unitName(id); err != nil {

@@ -28,6 +28,8 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // daemon is a corrald started by startDaemon (the test binary re-run as
@@ -44,7 +46,7 @@ type daemon struct {
 func startDaemon(t *testing.T, env []string, args ...string) *daemon {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("corrald needs root")
+		testenv.Skip(t, "corrald needs root")
 	}
 	d := &daemon{dir: t.TempDir(), log: &bytes.Buffer{}}
 	d.socket = filepath.Join(d.dir, "corrald.sock")

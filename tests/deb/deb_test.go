@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/tests/harness"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 var (
@@ -60,7 +62,7 @@ func buildDeb(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testenv.Main(m)
 	if debPath != "" && os.Getenv("CORRAL_TEST_DEB") == "" {
 		os.RemoveAll(filepath.Dir(debPath))
 	}

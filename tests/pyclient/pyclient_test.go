@@ -16,6 +16,8 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/tests/testd"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 const (
@@ -31,8 +33,7 @@ var (
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() != 0 {
-		fmt.Println("pyclient: skipped, needs root (runs corrald, a client as corral-a)")
-		os.Exit(0)
+		os.Exit(testenv.SkipSuite("pyclient", "needs root (runs corrald, a client as corral-a)"))
 	}
 	var undo func()
 	if _, err := user.Lookup(testUser); err != nil {
@@ -51,7 +52,7 @@ func TestMain(m *testing.M) {
 	cgroupRoot = testd.Cgroup2Mount()
 	wd, _ := os.Getwd()
 	pyDir = filepath.Join(wd, "..", "..", "clients", "python")
-	code := m.Run()
+	code := testenv.Main(m)
 	os.RemoveAll(dir)
 	if undo != nil {
 		undo()
