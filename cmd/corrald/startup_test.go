@@ -133,6 +133,8 @@ func TestStartupErrors(t *testing.T) {
 			"socket " + file + ": exists and is not a socket"},
 		{"socket in use", []string{"--state-dir", tmp + "/s7", "--scope", "pgroup", "--socket", live},
 			"socket " + live + ": another corrald is listening"},
+		{"metrics address", []string{"--state-dir", tmp + "/s8", "--scope", "pgroup", "--socket", tmp + "/s8.sock", "--metrics-listen", "0.0.0.0:9464"},
+			`--metrics-listen 0.0.0.0:9464: "0.0.0.0" is not a loopback address (use 127.0.0.1, [::1] or unix:PATH)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, lines := startCorrald(t, tc.args...)
