@@ -56,14 +56,15 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	if err != nil || old {
 		return rec, err
 	}
-	// The record is durable before the child is spawned: no execution can
-	// run that the store does not know of.
-	if err := <-r.store.Create(rec, storedParams(p)); err != nil {
+	// The record is durable before the child is forked: no execution can
+	// run that the store does not know of. spawn prepares the workspace and
+	// pipes while the store commits, and waits for it before the fork.
+	sp, err := r.spawn(e, runAs, r.store.Create(rec, storedParams(p)))
+	if err != nil {
 		_ = r.onLoop(context.Background(), func() { r.abandon(e) })
 		return api.Record{}, &api.Error{Code: api.CodeInternal,
 			Message: fmt.Sprintf("store: cannot record the execution, nothing was started: %v", err), Err: err}
 	}
-	sp := r.spawn(e, runAs)
 	// Hand the child to the loop whatever the client does now: from here
 	// the execution belongs to the reactor.
 	// The answer waits until the running (or failed-start) record is

@@ -39,8 +39,29 @@ type spawned struct {
 // spawn starts e's child. It runs on the caller's goroutine, never on the
 // loop: it reads the user database, creates the scope (a D-Bus round trip
 // under systemd) and forks.
-func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
-	sp := &spawned{pidfd: -1, stdout: -1, stderr: -1, stdin: -1, tty: -1}
+//
+// created is the store's answer for e's created record: spawn makes the
+// workspace and the pipes while the store commits, and waits for it before
+// anything that starts a process (the fork, or a pooled shim). If the
+// store failed, spawn undoes what it made and returns the store's error:
+// nothing was started. A failed start is not an error (spawned.startErr).
+func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawned, storeErr error) {
+	durable := false
+	defer func() {
+		if !durable {
+			// Returned before the wait below (a failed start): the record
+			// must still be durable before the failed start is told, as
+			// before any child.
+			if err := <-created; err != nil {
+				sp.closeFds()
+				if sp.work != "" {
+					_ = removeWorkspace(sp.work)
+				}
+				sp, storeErr = nil, err
+			}
+		}
+	}()
+	sp = &spawned{pidfd: -1, stdout: -1, stderr: -1, stdin: -1, tty: -1}
 	p := e.params
 	fail := func(err error) *spawned {
 		sp.startErr = err
@@ -60,7 +81,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	if dir == "" && r.cfg.StateDir != "" {
 		w, err := makeWorkspace(r.cfg.StateDir, e.id, ra)
 		if err != nil {
-			return fail(fmt.Errorf("create workspace: %w", err))
+			return fail(fmt.Errorf("create workspace: %w", err)), nil
 		}
 		sp.work, dir = w, w
 	}
@@ -76,13 +97,13 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	path := p.Argv[0]
 	if !asUser {
 		if fi, err := os.Stat(dir); err != nil {
-			return fail(fmt.Errorf("cwd %s: %w", dir, err))
+			return fail(fmt.Errorf("cwd %s: %w", dir, err)), nil
 		} else if !fi.IsDir() {
-			return fail(fmt.Errorf("cwd %s: %w", dir, syscall.ENOTDIR))
+			return fail(fmt.Errorf("cwd %s: %w", dir, syscall.ENOTDIR)), nil
 		}
 		var err error
 		if path, err = lookPath(p.Argv[0], dir, envValue(env, "PATH")); err != nil {
-			return fail(err)
+			return fail(err), nil
 		}
 	}
 
@@ -100,7 +121,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		// stderr (and, below, its controlling terminal).
 		master, slave, err := openPty(*p.TTYSize, ra.uid, ra.gid)
 		if err != nil {
-			return fail(fmt.Errorf("open terminal: %w", err))
+			return fail(fmt.Errorf("open terminal: %w", err)), nil
 		}
 		sp.tty = master
 		child = append(child, slave)
@@ -108,13 +129,13 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	} else {
 		outR, w, err := outputPipe()
 		if err != nil {
-			return fail(err)
+			return fail(err), nil
 		}
 		errR, w2, err := outputPipe()
 		if err != nil {
 			unix.Close(outR)
 			w.Close()
-			return fail(err)
+			return fail(err), nil
 		}
 		outW, errW = w, w2
 		child = append(child, outW, errW)
@@ -125,7 +146,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
 			closeChild()
 			sp.closeFds()
-			return fail(os.NewSyscallError("pipe2", err))
+			return fail(os.NewSyscallError("pipe2", err)), nil
 		}
 		_ = unix.SetNonblock(fds[1], true)
 		stdin = os.NewFile(uintptr(fds[0]), "stdin")
@@ -150,6 +171,17 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	hold := r.cfg.Backend.Placement() == scope.PlaceHeld
 	needShim := hold || p.Network == "none" || asUser
 
+	// From here on processes start: the created record must be durable.
+	durable = true
+	if err := <-created; err != nil {
+		closeChild()
+		sp.closeFds()
+		if sp.work != "" {
+			_ = removeWorkspace(sp.work)
+		}
+		return nil, err
+	}
+
 	// The warm pool: a shim already in its own scope takes the command.
 	if pe := r.pooled(needShim); pe != nil {
 		cfg := shimConfig(p, env, dir, sp.work != "", cred)
@@ -159,9 +191,9 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 			closeChild()
 			sp.proc, sp.sc, sp.pidfd = pe.cmd.Process, pe.sc, pe.pidfd
 			if xerr != nil {
-				return fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
+				return fail(r.undoStart(e, sp, xerr)), nil // the shim exits right after its report
 			}
-			return sp
+			return sp, nil
 		}
 	}
 
@@ -209,7 +241,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		if sh, err = shim.Wrap(cmd, cfg); err != nil {
 			closeChild()
 			sp.closeFds()
-			return fail(fmt.Errorf("wrap in shim: %w", err))
+			return fail(fmt.Errorf("wrap in shim: %w", err)), nil
 		}
 		defer sh.Close()
 	}
@@ -220,7 +252,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 	closeChild()
 	if err != nil {
 		sp.closeFds()
-		return fail(err)
+		return fail(err), nil
 	}
 	sp.proc, sp.sc, sp.pidfd = pl.proc, pl.sc, pl.pidfd
 	if sh != nil {
@@ -231,9 +263,9 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 			xerr = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("shim did not exec: %v", werr)}
 		}
 		if xerr != nil {
-			return fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
+			return fail(r.undoStart(e, sp, xerr)), nil // the shim exits right after its report
 		}
-		return sp
+		return sp, nil
 	}
 	if p.CPUMS > 0 {
 		// Backstop where no cgroup measures the tree: RLIMIT_CPU on the main
@@ -242,7 +274,7 @@ func (r *Reactor) spawn(e *execution, ra runAs) *spawned {
 		lim := unix.Rlimit{Cur: secs, Max: secs + 1}
 		_ = unix.Prlimit(cmd.Process.Pid, unix.RLIMIT_CPU, &lim, nil)
 	}
-	return sp
+	return sp, nil
 }
 
 // closeFds closes the parent ends of the pipes.
