@@ -17,6 +17,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 var (
@@ -171,6 +172,14 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	c4, c0, cmem, cfull, cpg, cfo := cg4.Client(), cg0.Client(), mem.Client(), full.Client(), pg0.Client(), fo.Client()
 	py, why := startPyPeer(t)
 	sp, spWhy := startSpawnPeer(t)
+	// Where the C peer does corrald's kernel work: a cgroup base of its own
+	// and a directory for its workspaces.
+	spCgroup, spWork := testd.StrictCgroupBase(t, cgroupMount, "corral-bench"), t.TempDir()
+	if sp != nil {
+		if err := os.Mkdir(spCgroup, 0o755); err != nil {
+			t.Fatalf("cgroup base of the C peer: %v", err)
+		}
+	}
 	ctx := ctxT(t, 5*time.Minute)
 
 	// network "none" needs the shim (a new network namespace with lo up)
@@ -179,7 +188,7 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	// directly, pool or not).
 	netNone := api.StartParams{Argv: []string{"/bin/true"}, Network: "none"}
 	var (
-		bare, pyTrue, spawn           durations
+		bare, pyTrue, spawn, kernel   durations
 		w4, w0, wMem, wFull, wPg      durations
 		n4, n0                        durations
 		f0Exited, f0Cleaned           durations
@@ -228,7 +237,9 @@ func (s *suite) benchExecLatency(t *testing.T) {
 			sides = append(sides, func() { add(&pyTrue, py.runTrue(t)) })
 		}
 		if sp != nil {
-			sides = append(sides, func() { add(&spawn, sp.runTrue(t)) })
+			sides = append(sides,
+				func() { add(&spawn, sp.runTrue(t)) },
+				func() { add(&kernel, sp.runKernel(t, spCgroup, spWork)) })
 		}
 		rotate(i, sides...)
 	}
@@ -253,6 +264,8 @@ func (s *suite) benchExecLatency(t *testing.T) {
 			latencyRow{"network none, pool on vs the C floor", "corrald cgroup --pool-size 4, network none", floor, n4, spawn},
 			latencyRow{"store memory vs the C floor", "corrald cgroup --pool-size 0 --store memory", floor, wMem, spawn},
 			latencyRow{"os/exec Run vs the C floor", base, floor, bare, spawn},
+			latencyRow{"corrald's kernel work in C vs the C floor", "C: cgroup, workspace, pipes, clone3 into the cgroup, rmdirs", floor, kernel, spawn},
+			latencyRow{"pool on vs its kernel work in C", "corrald cgroup --pool-size 4", "C: same kernel work", w4, kernel},
 		)
 	}
 	pyNote := "The seed's asyncio run_limited (bench/testdata/run_limited_peer.py, a long-lived python3 process; its own perf_counter time around the await) is one more side."
@@ -271,7 +284,8 @@ func (s *suite) benchExecLatency(t *testing.T) {
 			"Under the cgroup backend the pool serves only commands that need the shim: a root caller's host-network /bin/true is exec'd directly by os/exec either way, so \"pool on\" and \"pool off\" run the same path; the \"network none\" rows (a new network namespace with lo up, which needs the shim) show what the pool saves. "+
 			"Store: SQLite with the default --store-sync normal unless the row says otherwise. "+
 			"\"start+wait\": exec.start then exec.wait until cleaned. \"until exited\"/\"until cleaned\": exec.start then exec.follow, time of the exec.state notification with state exited, and of the final record. "+
-			"The C floor: posix_spawn+waitpid of /bin/true (stdio on /dev/null) in a long-lived C process (bench/testdata/spawn_peer.c, compiled with cc -O2), timed by itself with CLOCK_MONOTONIC. %s",
+			"The C floor: posix_spawn+waitpid of /bin/true (stdio on /dev/null) in a long-lived C process (bench/testdata/spawn_peer.c, compiled with cc -O2), timed by itself with CLOCK_MONOTONIC; "+
+			"\"same kernel work\": the same process does what the kernel must do for corrald's cgroup backend (mkdir a cgroup and a workspace, two pipes, clone3 with CLONE_INTO_CGROUP|CLONE_VFORK, exec in the workspace, both pipes to EOF, waitpid, both rmdirs) with no daemon, store or RPC: the bound below which corrald's design cannot go. %s",
 			latencyN, latencyWU, pyNote),
 		rows)
 	if sp != nil {

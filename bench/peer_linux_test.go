@@ -185,7 +185,21 @@ func startSpawnPeer(t *testing.T) (*spawnPeer, string) {
 // is the peer's own (CLOCK_MONOTONIC around the two calls).
 func (p *spawnPeer) runTrue(t *testing.T) time.Duration {
 	t.Helper()
-	if _, err := io.WriteString(p.in, "true\n"); err != nil {
+	return p.do(t, "true")
+}
+
+// runKernel is the kernel work corrald does for one /bin/true under the
+// cgroup backend (a cgroup below cgBase, a workspace below workDir, two
+// pipes, clone3 into the cgroup, exec, EOF, wait, both rmdirs), done by the
+// C peer with no daemon, store or RPC; the time is the peer's own.
+func (p *spawnPeer) runKernel(t *testing.T, cgBase, workDir string) time.Duration {
+	t.Helper()
+	return p.do(t, "kernel "+cgBase+" "+workDir)
+}
+
+func (p *spawnPeer) do(t *testing.T, command string) time.Duration {
+	t.Helper()
+	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
 		t.Fatalf("spawn peer: %v", err)
 	}
 	if !p.lines.Scan() {
@@ -194,7 +208,7 @@ func (p *spawnPeer) runTrue(t *testing.T) time.Duration {
 	var ns int64
 	var code int
 	if _, err := fmt.Sscanf(p.lines.Text(), "%d %d", &ns, &code); err != nil || code != 0 {
-		t.Fatalf("spawn peer: answer %q (%v), want a time and exit status 0", p.lines.Text(), err)
+		t.Fatalf("spawn peer %q: answer %q (%v), want a time and exit status 0", command, p.lines.Text(), err)
 	}
 	return time.Duration(ns)
 }
