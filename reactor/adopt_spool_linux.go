@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -221,4 +224,29 @@ func reopenSpool(path string, k *keptOutput) (*spool, error) {
 		return nil, fmt.Errorf("spool %s: %w", path, os.NewSyscallError("fstat", err))
 	}
 	return &spool{path: path, fd: fd, half: int64(k.half), t: spoolT(k), size: st.Size - spoolHeader}, nil
+}
+
+// maxPipeCapacity bounds pipeCapacity: a full pipe is kernel memory, and
+// only a child that writes while corrald is down fills it.
+const maxPipeCapacity = 16 << 20
+
+var pipeCap struct {
+	once sync.Once
+	n    int
+}
+
+// pipeCapacity is what output pipes ask for: as much as
+// /proc/sys/fs/pipe-max-size allows (at most maxPipeCapacity, at least
+// pipeSize), so that a child writing while corrald restarts blocks as late
+// as possible.
+func pipeCapacity() int {
+	pipeCap.once.Do(func() {
+		pipeCap.n = pipeSize
+		if b, err := os.ReadFile("/proc/sys/fs/pipe-max-size"); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				pipeCap.n = min(max(n, pipeSize), maxPipeCapacity)
+			}
+		}
+	})
+	return pipeCap.n
 }

@@ -293,7 +293,9 @@ func outputPipe() (int, *os.File, error) {
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
 		return -1, nil, os.NewSyscallError("pipe2", err)
 	}
-	_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pipeSize)
+	if _, err := unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pipeCapacity()); err != nil {
+		_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pipeSize)
+	}
 	if err := unix.SetNonblock(fds[0], true); err != nil {
 		unix.Close(fds[0])
 		unix.Close(fds[1])

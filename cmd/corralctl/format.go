@@ -185,6 +185,20 @@ func writeInfo(w io.Writer, in api.Info) error {
 	fmt.Fprintf(tw, "Defaults:\ttimeout %s, grace %s, tasks %d, output limit %s\n",
 		formatDuration(time.Duration(d.TimeoutMS)*time.Millisecond), formatDuration(time.Duration(d.GraceMS)*time.Millisecond),
 		d.TasksMax, formatSize(d.OutputLimitBytes))
+	if !in.StartedAt.IsZero() {
+		fmt.Fprintf(tw, "Started:\t%s (adopted %d running executions)\n", in.StartedAt.Local().Format(time.RFC3339), in.Adopted)
+	}
+	if sv := in.Survival; sv != nil {
+		fmt.Fprintf(tw, "Survives a reload:\t%s\n", yesNo(sv.Handover, "yes (handover)", "no"))
+		crash := "no: no fd store (not a systemd service with FileDescriptorStoreMax=); running executions end lost"
+		switch {
+		case sv.FdStore && sv.PidfdExitInfo:
+			crash = "yes (fd store)"
+		case sv.FdStore:
+			crash = "yes (fd store), but one that exits while corrald is down ends lost (no PIDFD_INFO_EXIT)"
+		}
+		fmt.Fprintf(tw, "Survives a crash:\t%s\n", crash)
+	}
 	keys := make([]string, 0, len(in.Checks))
 	for k := range in.Checks {
 		keys = append(keys, k)
@@ -259,4 +273,11 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func yesNo(b bool, yes, no string) string {
+	if b {
+		return yes
+	}
+	return no
 }
