@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 // (exit codes, byte counts, nothing left behind), never how fast.
 func TestBenchSuite(t *testing.T) {
 	if os.Getenv("CORRAL_BENCH") != "1" {
-		t.Skip("benchmarks run only with CORRAL_BENCH=1 (make bench)")
+		t.Skip("benchmarks run only with CORRAL_BENCH=1 (make bench)") // not an environment skip
 	}
 	if os.Geteuid() != 0 {
 		testenv.Skip(t, "benchmarks need root (corrald supervises children as root)")

@@ -234,7 +234,7 @@ func FuzzServeLines(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, input []byte) {
 		if len(input) > api.MaxLineBytes {
-			t.Skip("longer than one line may be")
+			t.Skip("longer than one line may be") // not an environment skip
 		}
 		srv := NewServer(echoService{}, zerolog.Nop())
 		nc := serveSocketpair(t, srv)

@@ -417,7 +417,7 @@ func vmRSS(t *testing.T) int64 {
 
 func TestGigabyteOfOutputKeepsMemoryBounded(t *testing.T) {
 	if testing.Short() {
-		t.Skip("1 GB of output")
+		t.Skip("1 GB of output") // not an environment skip
 	}
 	tr := newTestReactor(t, nil)
 	runtime.GC()

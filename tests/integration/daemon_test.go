@@ -300,7 +300,7 @@ func TestMalformedInputGetsErrorsWhileOthersRunOn(t *testing.T) {
 
 func TestGigabyteOutputKeepsDaemonRSSBounded(t *testing.T) {
 	if testing.Short() {
-		t.Skip("1 GB of output")
+		t.Skip("1 GB of output") // not an environment skip
 	}
 	d := startDaemon(t, "--scope", "cgroup")
 	c := d.Client()
