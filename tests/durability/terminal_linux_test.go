@@ -36,6 +36,7 @@ func TestHandoverKeepsTerminalAndMovedDeadline(t *testing.T) {
 	if err != nil || up.Deadline == nil {
 		t.Fatalf("exec.update = %v, %v", up.Deadline, err)
 	}
+	waitOutput(t, c, term.ID, "corral$ ") // typed before the prompt, the echo would come first
 	if _, err := c.Write(ctx(t), api.WriteParams{ID: term.ID, Data: []byte("echo one-$((1+1))\n")}); err != nil {
 		t.Fatal(err)
 	}
