@@ -89,6 +89,9 @@ type job struct {
 	signal                          string
 	created                         time.Time
 	started, exited, cleaned        *time.Time
+	// flushed, when set, makes this a marker: the builder closes it once
+	// every job before it is with the SDK.
+	flushed chan struct{}
 }
 
 // New returns a Tracer exporting over OTLP as the OTEL_* environment says
@@ -184,6 +187,10 @@ func (t *Tracer) StoreCommit(time.Duration, bool) {}
 func (t *Tracer) build() {
 	defer close(t.done)
 	for j := range t.jobs {
+		if j.flushed != nil {
+			close(j.flushed)
+			continue
+		}
 		t.emit(j)
 	}
 }
@@ -238,6 +245,27 @@ func (t *Tracer) emit(j job) {
 		root.SetStatus(codes.Error, string(j.outcome))
 	}
 	root.End(trace.WithTimestamp(end))
+}
+
+// Flush exports what was queued before the call, within ctx; Transition
+// may go on meanwhile. Not on the loop goroutine (it waits); not after
+// Shutdown.
+func (t *Tracer) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case t.jobs <- job{flushed: done}:
+	case <-ctx.Done():
+		return fmt.Errorf("traces: flush: %w", ctx.Err())
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("traces: flush: %w", ctx.Err())
+	}
+	if err := t.provider.ForceFlush(ctx); err != nil {
+		return fmt.Errorf("traces: flush: %w", err)
+	}
+	return nil
 }
 
 // Shutdown stops taking executions, builds the queued ones' spans and

@@ -101,3 +101,30 @@ func TestExportNeverBlocks(t *testing.T) {
 		t.Errorf("exported %d + dropped %d = %d spans, want %d", exp.spans, tr.Dropped(), got, n*spansPerExecution)
 	}
 }
+
+// TestFlush: Flush hands everything queued before it to the exporter,
+// without shutting the tracer down.
+func TestFlush(t *testing.T) {
+	exp := &stuckExporter{release: make(chan struct{})}
+	close(exp.release)
+	tr, err := New(context.Background(), Options{Exporter: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Shutdown(context.Background())
+	for i := 0; i < 3; i++ {
+		tr.Transition(cleaned(i))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tr.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exp.mu.Lock()
+	got := exp.spans
+	exp.mu.Unlock()
+	if got != 3*spansPerExecution {
+		t.Errorf("after Flush the exporter has %d spans, want %d", got, 3*spansPerExecution)
+	}
+	tr.Transition(cleaned(3)) // still taking executions
+}

@@ -116,7 +116,7 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		return err
 	}
 	obs.serveMetrics(r, log)
-	return serve(ctx, c, r, ln, activated, host, backend, hup, log)
+	return serve(ctx, c, r, ln, activated, host, backend, hup, obs, log)
 }
 
 // setNoNewPrivs sets no_new_privs on the daemon, so children inherit it and
@@ -290,7 +290,7 @@ func fdStore(sv *survival) reactor.FdStore {
 // serve runs the reactor's loop and the socket server, tells systemd it is
 // ready, and waits for ctx to end (SIGTERM), the server to stop or the loop
 // to fail; then it shuts down.
-func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListener, activated bool, host scope.Host, backend scope.Backend, hup <-chan os.Signal, log zerolog.Logger) error {
+func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListener, activated bool, host scope.Host, backend scope.Backend, hup <-chan os.Signal, obs *observability, log zerolog.Logger) error {
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	defer stopLoop()
 	loopDone := make(chan error, 1)
@@ -323,6 +323,8 @@ wait:
 		case <-ctx.Done():
 			break wait
 		case <-hup:
+			// The traces queued in this image would die with it.
+			obs.flush(log)
 			// Returns only if the exec failed: the old image carries on.
 			if err := handover(c, r, ln, activated, log); err != nil {
 				log.Error().Err(err).Str("event", "handover_failed").Msg("handover failed; this corrald carries on")

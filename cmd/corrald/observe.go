@@ -84,6 +84,19 @@ func (o *observability) serveMetrics(r *reactor.Reactor, log zerolog.Logger) {
 	}
 }
 
+// flush exports the traces queued so far, for at most a second, before a
+// handover replaces this image (which would lose them). Not on the loop.
+func (o *observability) flush(log zerolog.Logger) {
+	if o.tracer == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := o.tracer.Flush(ctx); err != nil {
+		log.Warn().Err(err).Msg("traces not all exported before the handover")
+	}
+}
+
 // close stops the metrics server and flushes the traces (for at most 5s:
 // a collector that is down must not hold up the exit). After the loop.
 func (o *observability) close(log zerolog.Logger) {
