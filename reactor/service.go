@@ -50,7 +50,10 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 		rec api.Record
 		old bool
 	)
-	if err := r.onLoop(ctx, func() { e, rec, old, err = r.create(caller, p, prior) }); err != nil {
+	// Not ctx: create runs on the loop once posted, whether or not the
+	// client is still there; giving up on it here would leave an execution
+	// registered in state started that nothing ever spawns or ends.
+	if err := r.onLoop(context.Background(), func() { e, rec, old, err = r.create(caller, p, prior) }); err != nil {
 		return api.Record{}, err
 	}
 	if err != nil || old {

@@ -86,3 +86,34 @@ func TestHeldChildRunsOnlyOncePlaced(t *testing.T) {
 		})
 	}
 }
+
+// TestStartByVanishedClientStillEnds: a client that closes its connection
+// with exec.start in flight (its request context ends at once) must not
+// leave an execution registered in state started that nothing spawns or
+// ends; found by the failure drills (tests/drill, "vanish"). Whatever Start
+// answers, the execution either does not exist or runs to cleaned.
+func TestStartByVanishedClientStillEnds(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	for i := 0; i < 20; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		id := "vanished-" + string(rune('a'+i))
+		_, _ = tr.Start(ctx, root, api.StartParams{ID: id, Argv: []string{"true"}})
+		wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rec, err := tr.Wait(wctx, root, api.WaitParams{ID: id})
+		wcancel()
+		if api.ErrorCode(err) == api.CodeNotFound {
+			continue
+		}
+		if err != nil || rec.State != api.StateCleaned {
+			t.Fatalf("execution %s of a vanished client: state %v, %v; want cleaned or not found", id, rec.State, err)
+		}
+	}
+	info, err := tr.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Running != 0 {
+		t.Errorf("daemon.info running = %d after every execution ended, want 0", info.Running)
+	}
+}
