@@ -154,8 +154,15 @@ func (b *cgroupBackend) Prepare(_ context.Context, spec Spec) (Scope, error) {
 	}
 	s := &cgroupScope{cg: cgroupv2.Dir(dir), fd: -1, name: b.cgroupPath(dir)}
 	fail := func(err error) (Scope, error) {
-		if rerr := s.Remove(); rerr != nil {
-			err = errors.Join(err, rerr)
+		// Nothing has run in the new cgroup: a plain rmdir removes it and
+		// needs no fd, where Remove lists the directory first, which fails
+		// too when the cause was EMFILE and left the cgroup behind for
+		// good (found by tests/drill, emfile).
+		_ = s.closeFD()
+		if rerr := unix.Rmdir(dir); rerr != nil {
+			if rerr := s.Remove(); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
 		}
 		return nil, fmt.Errorf("prepare cgroup scope %s: %w", dir, err)
 	}
