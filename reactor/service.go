@@ -45,6 +45,10 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 			prior = &rec
 		}
 	}
+	if err := fdHeadroom(); err != nil {
+		return api.Record{}, &api.Error{Code: api.CodeOverCapacity,
+			Message: "over capacity: the daemon is out of file descriptors; nothing was started", Err: err}
+	}
 	var (
 		e   *execution
 		rec api.Record

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
 )
@@ -115,5 +117,41 @@ func TestStartByVanishedClientStillEnds(t *testing.T) {
 	}
 	if info.Running != 0 {
 		t.Errorf("daemon.info running = %d after every execution ended, want 0", info.Running)
+	}
+}
+
+// TestStartOutOfFDsRefusedWithOverCapacity: with the daemon out of file
+// descriptors (a low RLIMIT_NOFILE), exec.start must be refused with
+// -32003 and record nothing, not store a record and fail to spawn it
+// (outcome start_failed); found by tests/drill (emfile).
+func TestStartOutOfFDsRefusedWithOverCapacity(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	free, err := unix.Dup(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(free)
+	// A few fds left, fewer than an execution needs.
+	lim := unix.Rlimit{Cur: uint64(free + 4), Max: old.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	_, serr := tr.Start(context.Background(), root, api.StartParams{ID: "out-of-fds", Argv: []string{"true"}})
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if api.ErrorCode(serr) != api.CodeOverCapacity {
+		t.Fatalf("exec.start out of fds = %v, want -32003", serr)
+	}
+	if _, err := tr.Get(context.Background(), root, api.IDParams{ID: "out-of-fds"}); api.ErrorCode(err) != api.CodeNotFound {
+		t.Errorf("exec.get of the refused start = %v, want -32001: nothing may be recorded", err)
+	}
+	// And once fds are back, starts work again.
+	if rec := tr.run(api.StartParams{Argv: []string{"true"}}); outcome(rec) != api.OutcomeExited {
+		t.Errorf("after fds came back: outcome %s, want exited", outcome(rec))
 	}
 }
