@@ -79,6 +79,7 @@ type Load struct {
 	ph     *Phase
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	stop   sync.Once
 }
 
 // StartLoad starts cfg.Clients clients recording into ph.
@@ -104,9 +105,12 @@ func StartLoad(cfg Config, ph *Phase) *Load {
 
 // Stop tells the clients to stop and waits until each has finished the
 // operation it was in.
+// It may be called more than once.
 func (l *Load) Stop() {
-	l.cancel()
-	l.wg.Wait()
+	l.stop.Do(func() {
+		l.cancel()
+		l.wg.Wait()
+	})
 }
 
 // client is one load client: one connection (re-dialled when it breaks),
