@@ -67,6 +67,19 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./reactor/ || exit 1; \
 	done
 
+# Failure drills (tests/drill, docs/drills.md): a mixed load of
+# DRILL_CLIENTS clients against a real corrald while faults are injected,
+# each followed by checks of every execution's record and output and of
+# what is left behind. `make test` runs the short form (8 clients, 2s+3s+2s
+# per fault); this is the full one. The report is written even when a
+# drill fails; the target then fails too.
+DRILL_CLIENTS ?= 64
+drill: build
+	rm -rf $(BIN)/drill && mkdir -p $(BIN)/drill
+	CGO_ENABLED=1 $(GO) test -count=1 -p 1 -timeout 90m -v ./tests/drill/... \
+		-args -drill.full -drill.clients $(DRILL_CLIENTS) -drill.report $(CURDIR)/$(BIN)/drill; \
+	status=$$?; sh tests/drill/report.sh $(BIN)/drill > docs/drills.md; cat docs/drills.md; exit $$status
+
 bench: build
 	@# The MCP row's baseline, DesktopCommanderMCP, from the npm registry (its
 	@# install scripts send telemetry: not run). Without it the row says why.

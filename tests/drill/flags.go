@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -20,7 +21,7 @@ var (
 	flagFull    = flag.Bool("drill.full", false, "run the full drill (make drill): more clients, longer phases")
 	flagClients = flag.Int("drill.clients", 64, "load clients in the full drill (the short form caps them at 8)")
 	flagPhase   = flag.Duration("drill.phase", 0, "how long each fault lasts under load (default 3s short, 20s full)")
-	flagReport  = flag.String("drill.report", "", "write the report as Markdown to this file (and its rows as JSON beside it)")
+	flagReport  = flag.String("drill.report", "", "directory to write the report to, as <dir>/<name>.md (and its rows as JSON beside it)")
 	flagFaults  = flag.String("drill.faults", "", "comma-separated faults to run (default all)")
 )
 
@@ -61,8 +62,14 @@ func Selected(fault string) bool {
 	return false
 }
 
-// ReportPath is -drill.report ("" when not given).
-func ReportPath() string { return *flagReport }
+// ReportPath is where the report called name goes: -drill.report/name.md
+// ("" when -drill.report is not given).
+func ReportPath(name string) string {
+	if *flagReport == "" {
+		return ""
+	}
+	return filepath.Join(*flagReport, name+".md")
+}
 
 // Survival is what daemon.info says the daemon survives (v1.1's
 // survival object; all false on a daemon that does not report it).

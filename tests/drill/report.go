@@ -31,6 +31,9 @@ type Row struct {
 	// Unchecked: executions whose output could not be compared (an
 	// exec.write answer was lost).
 	Unchecked int
+	// Tolerated: executions whose outcome is not the mix's but one the
+	// fault may cause (Checks.Tolerate).
+	Tolerated int
 	Leftovers int
 	// Exec latency (exec.start to cleaned of a quick command) before the
 	// fault and from the fault until it was cleared; Samples* count them.
@@ -130,10 +133,16 @@ func (r Report) Markdown() string {
 	}
 	b.WriteString("\n")
 	for _, row := range r.Rows {
-		if row.Note == "" && len(row.Problems) == 0 {
+		if row.Note == "" && len(row.Problems) == 0 && row.Tolerated == 0 {
 			continue
 		}
 		fmt.Fprintf(&b, "- **%s**: %s\n", row.Fault, row.Note)
+		if row.Tolerated > 0 {
+			fmt.Fprintf(&b, "  - %d executions ended with an outcome this fault may cause (see the note)\n", row.Tolerated)
+		}
+		if row.Unchecked > 0 {
+			fmt.Fprintf(&b, "  - %d executions' output not compared: an exec.write answer was lost\n", row.Unchecked)
+		}
 		for i, p := range row.Problems {
 			if i == 20 {
 				fmt.Fprintf(&b, "  - ... and %d more\n", len(row.Problems)-20)
