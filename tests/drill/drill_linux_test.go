@@ -1,7 +1,6 @@
 package drill
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -90,27 +89,6 @@ func (h *hostEnv) start() {
 	})
 }
 
-// daemonFDList counts the daemon's fds by what they point at.
-func (h *hostEnv) daemonFDList() map[string]int {
-	dir := fmt.Sprintf("/proc/%d/fd", h.d.Pid())
-	ents, _ := os.ReadDir(dir)
-	m := make(map[string]int)
-	for _, e := range ents {
-		l, err := os.Readlink(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		if i := strings.IndexByte(l, '['); i > 0 && strings.HasSuffix(l, "]") {
-			l = l[:i] // socket:[123] -> socket:
-		}
-		if strings.HasSuffix(l, ".log") {
-			l = "the daemon's log" // corrald-N.log: one per daemon run
-		}
-		m[l]++
-	}
-	return m
-}
-
 func (h *hostEnv) daemonFDs() int {
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", h.d.Pid()))
 	if err != nil {
@@ -145,7 +123,7 @@ func (h *hostEnv) settle(ctx context.Context) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	h.fdBase = prev
-	h.fdBaseList = h.daemonFDList()
+	h.fdBaseList = FDList(h.d.Pid())
 }
 
 // leftovers lists, once everything of the drill has ended, what is still
@@ -166,22 +144,8 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 			for _, e := range ents {
 				left = append(left, "workspace "+e.Name())
 			}
-			// The store's read pool opens its connections (two fds each,
-			// the database and its WAL) as the load needs them and keeps
-			// them: bounded (store.Options.ReadConns), not a leak.
-			var more []string
-			db := 0
-			for k, v := range h.daemonFDList() {
-				if strings.HasPrefix(k, filepath.Join(h.state, store.FileName)) {
-					db += v
-					continue
-				}
-				if v > h.fdBaseList[k] {
-					more = append(more, fmt.Sprintf("%d× %s", v-h.fdBaseList[k], k))
-				}
-			}
-			if len(more) > 0 || db > 16 {
-				left = append(left, fmt.Sprintf("daemon holds %d fds, %d before the load (%d of the store); more of: %s", h.daemonFDs(), h.fdBase, db, strings.Join(more, ", ")))
+			if more := FDsAbove(h.d.Pid(), h.fdBaseList, filepath.Join(h.state, store.FileName)); more != "" {
+				left = append(left, more)
 			}
 			if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
 				return left
@@ -191,88 +155,10 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 	}
 }
 
-// fault is what one drill phase does to the daemon while the load runs.
-type fault struct {
-	// inject puts the fault in place (or, for a one-shot fault, strikes)
-	// and returns a note for the report.
-	inject func(ctx context.Context, ph *Phase) string
-	// clear removes it, after the phase's During (nil: nothing to remove).
-	clear func(ctx context.Context, ph *Phase)
-	// selfTimed: inject itself lasts the fault's duration.
-	selfTimed    bool
-	allowRefused func(code api.Code, msg string) bool
-	tolerate     func(rec api.Record) bool
-	// after runs once the load has stopped, before the checks (a fault's
-	// own extra checks); its problems join the row's.
-	after func(ctx context.Context) []string
-}
-
-// phase runs the load on h's daemon, injects f, and checks.
-func phase(t *testing.T, h *hostEnv, cfg Config, tm Timing, name string, f fault) Row {
+// phase runs one fault's drill on h's daemon.
+func phase(t *testing.T, h *hostEnv, cfg Config, tm Timing, name string, f Fault) Row {
 	t.Helper()
-	ctx := context.Background()
-	ph := NewPhase(name)
-	cfg.Clients = tm.Clients
-	load := StartLoad(cfg, ph)
-	defer load.Stop() // a fault that fails the test stops the load too
-	time.Sleep(tm.Before)
-	ph.MarkFault()
-	note := f.inject(ctx, ph)
-	if !f.selfTimed {
-		time.Sleep(tm.During)
-	}
-	if f.clear != nil {
-		f.clear(ctx, ph)
-	}
-	ph.MarkCleared()
-	time.Sleep(tm.After)
-	load.Stop()
-	var extra []string
-	if f.after != nil {
-		extra = f.after(ctx)
-	}
-	row := ph.Check(ctx, Checks{Socket: h.socket, Leftovers: h.leftovers(cfg.Run), AllowRefused: f.allowRefused, Tolerate: f.tolerate})
-	row.Note = note
-	row.Wrong += len(extra)
-	row.Problems = append(extra, row.Problems...)
-	return row
-}
-
-// MarkedProcesses lists the processes whose environment carries DRILL_RUN=run.
-func MarkedProcesses(run string) []string {
-	ents, _ := os.ReadDir("/proc")
-	marker := []byte("DRILL_RUN=" + run + "\x00")
-	var out []string
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !bytes.Contains(env, marker) {
-			continue
-		}
-		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		out = append(out, fmt.Sprintf("process %d %q", pid, bytes.ReplaceAll(bytes.TrimRight(cmd, "\x00"), []byte{0}, []byte{' '})))
-	}
-	return out
-}
-
-// procsOf lists the pids whose environment carries DRILL_EXEC=id.
-func procsOf(id string) []int {
-	ents, _ := os.ReadDir("/proc")
-	marker := []byte("DRILL_EXEC=" + id + "\x00")
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if env, err := os.ReadFile("/proc/" + e.Name() + "/environ"); err == nil && bytes.Contains(env, marker) {
-			out = append(out, pid)
-		}
-	}
-	return out
+	return RunPhase(cfg, tm, name, f, Checks{Socket: h.socket, Leftovers: h.leftovers(cfg.Run)})
 }
 
 func TestDrillHost(t *testing.T) {
@@ -349,8 +235,8 @@ func ttyNote(cfg Config) string {
 
 func drillLoadOnly(t *testing.T, cfg Config, tm Timing) Row {
 	h := startHost(t, &cfg, "")
-	return phase(t, h, cfg, tm, "load-only", fault{
-		inject: func(context.Context, *Phase) string {
+	return phase(t, h, cfg, tm, "load-only", Fault{
+		Inject: func(context.Context, *Phase) string {
 			return "no fault: the same load, as a reference; " + ttyNote(cfg)
 		},
 	})
@@ -358,8 +244,8 @@ func drillLoadOnly(t *testing.T, cfg Config, tm Timing) Row {
 
 func drillKill9(t *testing.T, cfg Config, tm Timing) Row {
 	h := startHost(t, &cfg, "")
-	return phase(t, h, cfg, tm, "kill-9", fault{
-		inject: func(ctx context.Context, ph *Phase) string {
+	return phase(t, h, cfg, tm, "kill-9", Fault{
+		Inject: func(ctx context.Context, ph *Phase) string {
 			c, err := DialRetry(ctx, h.socket, 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -390,20 +276,20 @@ func drillFSFull(t *testing.T, cfg Config, tm Timing) Row {
 	mnt := mountTmpfs(t, "64m")
 	h := startHost(t, &cfg, filepath.Join(mnt, "state"))
 	fill := filepath.Join(mnt, "fill")
-	return phase(t, h, cfg, tm, "state-fs-full", fault{
-		inject: func(ctx context.Context, ph *Phase) string {
+	return phase(t, h, cfg, tm, "state-fs-full", Fault{
+		Inject: func(ctx context.Context, ph *Phase) string {
 			if err := fillUp(fill); err != nil {
 				t.Fatal(err)
 			}
 			return "state directory on a 64 MiB tmpfs, filled to the last byte for the fault's duration, then freed; " +
 				"exec.start may be refused with -32603 naming the store"
 		},
-		clear: func(ctx context.Context, ph *Phase) {
+		Clear: func(ctx context.Context, ph *Phase) {
 			if err := os.Remove(fill); err != nil {
 				t.Fatal(err)
 			}
 		},
-		allowRefused: func(code api.Code, msg string) bool {
+		AllowRefused: func(code api.Code, msg string) bool {
 			return code == api.CodeInternal && strings.Contains(msg, "store")
 		},
 	})
@@ -412,8 +298,8 @@ func drillFSFull(t *testing.T, cfg Config, tm Timing) Row {
 func drillEMFILE(t *testing.T, cfg Config, tm Timing) Row {
 	h := startHost(t, &cfg, "")
 	var old unix.Rlimit
-	return phase(t, h, cfg, tm, "emfile", fault{
-		inject: func(ctx context.Context, ph *Phase) string {
+	return phase(t, h, cfg, tm, "emfile", Fault{
+		Inject: func(ctx context.Context, ph *Phase) string {
 			n := uint64(h.daemonFDs())
 			if err := unix.Prlimit(h.d.Pid(), unix.RLIMIT_NOFILE, nil, &old); err != nil {
 				t.Fatal(err)
@@ -428,16 +314,16 @@ func drillEMFILE(t *testing.T, cfg Config, tm Timing) Row {
 				"exec.start may be refused with -32003; a start that passed the daemon's fd check while another took the last fds "+
 				"may end start_failed with \"too many open files\" (recorded, cleaned, nothing left: tolerated and counted)", n+2, n, old.Cur)
 		},
-		clear: func(ctx context.Context, ph *Phase) {
+		Clear: func(ctx context.Context, ph *Phase) {
 			if err := unix.Prlimit(h.d.Pid(), unix.RLIMIT_NOFILE, &old, nil); err != nil {
 				t.Fatal(err)
 			}
 		},
-		allowRefused: func(code api.Code, msg string) bool { return code == api.CodeOverCapacity },
-		tolerate: func(rec api.Record) bool {
+		AllowRefused: func(code api.Code, msg string) bool { return code == api.CodeOverCapacity },
+		Tolerate: func(rec api.Record) bool {
 			return outcomeOf(rec) == api.OutcomeStartFailed && strings.Contains(strOr(rec.Error), "too many open files")
 		},
-		after: func(ctx context.Context) []string {
+		After: func(ctx context.Context) []string {
 			if h.d.Exited() {
 				return []string{fmt.Sprintf("corrald exited under EMFILE: %v", h.d.WaitErr())}
 			}
@@ -475,8 +361,8 @@ func startTree(ctx context.Context, t *testing.T, c *ipc.Client, cfg Config, ph 
 
 func drillSIGSTOP(t *testing.T, cfg Config, tm Timing) Row {
 	h := startHost(t, &cfg, "")
-	return phase(t, h, cfg, tm, "sigstop-tree", fault{
-		inject: func(ctx context.Context, ph *Phase) string {
+	return phase(t, h, cfg, tm, "sigstop-tree", Fault{
+		Inject: func(ctx context.Context, ph *Phase) string {
 			c, err := DialRetry(ctx, h.socket, 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -484,7 +370,7 @@ func drillSIGSTOP(t *testing.T, cfg Config, tm Timing) Row {
 			defer c.Close()
 			id := "drill-" + cfg.Run + "-stopped"
 			startTree(ctx, t, c, cfg, ph, id, "sleep 300 & sleep 300 & echo up; wait", 500, "up\n")
-			pids := procsOf(id)
+			pids := ProcsOf(id)
 			for _, pid := range pids {
 				unix.Kill(pid, unix.SIGSTOP)
 			}
@@ -508,8 +394,8 @@ func drillHeldPipe(t *testing.T, cfg Config, tm Timing) Row {
 	h := startHost(t, &cfg, "")
 	var held *os.File
 	var writeAfter error
-	return phase(t, h, cfg, tm, "held-pipe", fault{
-		inject: func(ctx context.Context, ph *Phase) string {
+	return phase(t, h, cfg, tm, "held-pipe", Fault{
+		Inject: func(ctx context.Context, ph *Phase) string {
 			c, err := DialRetry(ctx, h.socket, 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -539,7 +425,7 @@ func drillHeldPipe(t *testing.T, cfg Config, tm Timing) Row {
 			_, writeAfter = held.Write([]byte("late\n"))
 			return fmt.Sprintf("a tree ignoring SIGTERM, its stdout's write end held open by the drill (outside the scope), cancelled with grace 300ms: cleaned %v after the cancel", took)
 		},
-		after: func(ctx context.Context) []string {
+		After: func(ctx context.Context) []string {
 			defer held.Close()
 			if !errors.Is(writeAfter, syscall.EPIPE) {
 				return []string{fmt.Sprintf("writing to the held pipe after cleaned: %v, want EPIPE (the daemon still holds the read end)", writeAfter)}
@@ -555,9 +441,9 @@ func drillHeldPipe(t *testing.T, cfg Config, tm Timing) Row {
 func drillClock(t *testing.T, cfg Config, tm Timing) Row {
 	h := startHost(t, &cfg, "")
 	const step = 5 * time.Minute
-	return phase(t, h, cfg, tm, "clock-step", fault{
-		selfTimed: true,
-		inject: func(ctx context.Context, ph *Phase) string {
+	return phase(t, h, cfg, tm, "clock-step", Fault{
+		SelfTimed: true,
+		Inject: func(ctx context.Context, ph *Phase) string {
 			var mono0, real0 unix.Timespec
 			unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono0)
 			unix.ClockGettime(unix.CLOCK_REALTIME, &real0)
@@ -593,12 +479,12 @@ func drillRetention(t *testing.T, cfg Config, tm Timing) Row {
 		t.Fatal(err)
 	}
 	h := startHost(t, &cfg, state, "--retention", retention.String())
-	return phase(t, h, cfg, tm, "retention-10k", fault{
-		inject: func(ctx context.Context, ph *Phase) string {
+	return phase(t, h, cfg, tm, "retention-10k", Fault{
+		Inject: func(ctx context.Context, ph *Phase) string {
 			return fmt.Sprintf("%d cleaned records in the store, expiring %v into the load (retention %v, sweep every %v)",
 				n, tm.Before+time.Second, retention, store.DefaultSweepInterval(retention))
 		},
-		after: func(ctx context.Context) []string {
+		After: func(ctx context.Context) []string {
 			c, err := DialRetry(ctx, h.socket, 10*time.Second)
 			if err != nil {
 				return []string{err.Error()}

@@ -1,0 +1,137 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+)
+
+// Fault is what one drill phase does to the daemon while the load runs.
+type Fault struct {
+	// Inject puts the fault in place (or, for a one-shot fault, strikes)
+	// and returns a note for the report.
+	Inject func(ctx context.Context, ph *Phase) string
+	// Clear removes it, after the phase's During (nil: nothing to remove).
+	Clear func(ctx context.Context, ph *Phase)
+	// SelfTimed: Inject itself lasts the fault's duration.
+	SelfTimed bool
+	// AllowRefused and Tolerate: see Checks.
+	AllowRefused func(code api.Code, msg string) bool
+	Tolerate     func(rec api.Record) bool
+	// After runs once the load has stopped, before the checks (a fault's
+	// own checks); each problem it returns counts as wrong.
+	After func(ctx context.Context) []string
+}
+
+// RunPhase runs the load (cfg, tm) on the daemon at ch.Socket, injects f
+// after tm.Before, clears it after tm.During, lets the load run tm.After
+// more, stops it and checks.
+func RunPhase(cfg Config, tm Timing, name string, f Fault, ch Checks) Row {
+	ctx := context.Background()
+	ph := NewPhase(name)
+	cfg.Clients = tm.Clients
+	load := StartLoad(cfg, ph)
+	defer load.Stop() // a fault that fails the test stops the load too
+	time.Sleep(tm.Before)
+	ph.MarkFault()
+	note := f.Inject(ctx, ph)
+	if !f.SelfTimed {
+		time.Sleep(tm.During)
+	}
+	if f.Clear != nil {
+		f.Clear(ctx, ph)
+	}
+	ph.MarkCleared()
+	time.Sleep(tm.After)
+	load.Stop()
+	var extra []string
+	if f.After != nil {
+		extra = f.After(ctx)
+	}
+	ch.AllowRefused, ch.Tolerate = f.AllowRefused, f.Tolerate
+	row := ph.Check(ctx, ch)
+	row.Note = note
+	row.Wrong += len(extra)
+	row.Problems = append(extra, row.Problems...)
+	return row
+}
+
+// MarkedProcesses lists the processes whose environment carries DRILL_RUN=run.
+func MarkedProcesses(run string) []string {
+	var out []string
+	for _, pid := range procsWith("DRILL_RUN=" + run) {
+		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		out = append(out, fmt.Sprintf("process %d %q", pid, bytes.ReplaceAll(bytes.TrimRight(cmd, "\x00"), []byte{0}, []byte{' '})))
+	}
+	return out
+}
+
+// ProcsOf lists the pids whose environment carries DRILL_EXEC=id.
+func ProcsOf(id string) []int { return procsWith("DRILL_EXEC=" + id) }
+
+func procsWith(kv string) []int {
+	ents, _ := os.ReadDir("/proc")
+	marker := []byte(kv + "\x00")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if env, err := os.ReadFile("/proc/" + e.Name() + "/environ"); err == nil && bytes.Contains(env, marker) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// FDList counts pid's fds by what they point at (socket:[n] counts as
+// socket:, a log file as "the daemon's log").
+func FDList(pid int) map[string]int {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	m := make(map[string]int)
+	for _, e := range ents {
+		l, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if i := strings.IndexByte(l, '['); i > 0 && strings.HasSuffix(l, "]") {
+			l = l[:i]
+		}
+		if strings.HasSuffix(l, ".log") {
+			l = "the daemon's log"
+		}
+		m[l]++
+	}
+	return m
+}
+
+// FDsAbove says which of pid's fds are above the baseline, leaving out the
+// store's (its read pool opens connections as load needs them and keeps a
+// bounded number: at most 16 fds of db files are accepted).
+func FDsAbove(pid int, base map[string]int, dbPrefix string) string {
+	var more []string
+	db, n := 0, 0
+	for k, v := range FDList(pid) {
+		n += v
+		if dbPrefix != "" && strings.HasPrefix(k, dbPrefix) {
+			db += v
+			continue
+		}
+		if v > base[k] {
+			more = append(more, fmt.Sprintf("%d× %s", v-base[k], k))
+		}
+	}
+	if len(more) == 0 && db <= 16 {
+		return ""
+	}
+	return fmt.Sprintf("daemon holds %d fds (%d of the store); more than before the load: %s", n, db, strings.Join(more, ", "))
+}

@@ -1,0 +1,294 @@
+// Package systemd runs the failure drills that need a service manager:
+// corrald as the real corrald.service/corrald.socket units (deploy/),
+// inside the private systemd of tests/harness, under the drill's mixed load,
+// while it is killed with SIGKILL (Restart=on-failure brings it back),
+// reloaded (handover, when the daemon reports it), while PID 1 re-executes
+// itself (daemon-reexec) and while D-Bus restarts.
+package systemd
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/store"
+	"github.com/corral-dev/corral/tests/drill"
+	"github.com/corral-dev/corral/tests/harness"
+)
+
+const (
+	socket   = "/run/corral/corrald.sock"
+	stateDir = "/run/corral-drill-state" // tmpfs inside the harness
+	binEnv   = "CORRAL_DRILL_BINDIR"
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if os.Getenv(harness.EnvInside) == "" && harness.Unavailable() == "" {
+		dir, err := os.MkdirTemp("", "corral-drill-sd-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Chmod(dir, 0o755)
+		for _, name := range []string{"corrald", "corral-shim"} {
+			build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, name), "../../../cmd/"+name)
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := build.CombinedOutput(); err != nil {
+				fmt.Printf("build %s: %v\n%s", name, err, out)
+				os.RemoveAll(dir)
+				os.Exit(1)
+			}
+		}
+		os.Setenv(binEnv, dir)
+		code := harness.RunInside(m)
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}
+	os.Exit(harness.RunInside(m))
+}
+
+func sh(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// setup installs corrald's real units with ExecStart pointing at the binary
+// under test and the state on a tmpfs, and starts the socket.
+func setup(t *testing.T) {
+	t.Helper()
+	bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
+	unitDir := os.Getenv(harness.EnvUnitDir)
+	for _, u := range []string{"corrald.service", "corrald.socket", "corral.slice"} {
+		b, err := os.ReadFile("../../../deploy/" + u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(unitDir, u), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropin := filepath.Join(unitDir, "corrald.service.d")
+	if err := os.MkdirAll(dropin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	override := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --state-dir %s --kill-wait 3s\nReadWritePaths=%s\n", bin, stateDir, stateDir)
+	if err := os.WriteFile(filepath.Join(dropin, "drill.conf"), []byte(override), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if exec.Command("getent", "group", "corral").Run() != nil {
+		b, _ := os.ReadFile("/etc/group")
+		os.WriteFile("/run/corral-drill-group", append(b, []byte("corral:x:4243:\n")...), 0o644)
+		sh(t, "mount", "--bind", "/run/corral-drill-group", "/etc/group")
+	}
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, "systemctl", "daemon-reload")
+	sh(t, "systemctl", "start", "corrald.socket", "corrald.service")
+}
+
+func mainPID(t *testing.T) int {
+	t.Helper()
+	pid, _ := strconv.Atoi(sh(t, "systemctl", "show", "-p", "MainPID", "--value", "corrald.service"))
+	return pid
+}
+
+// env is the systemd drill's view of the daemon: the fd baseline of its
+// idle state and how to find what it left.
+type env struct {
+	t      *testing.T
+	run    string
+	fdBase map[string]int
+}
+
+func (e *env) settle(ctx context.Context) {
+	c, err := drill.DialRetry(ctx, socket, 30*time.Second)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer c.Close()
+	rec, err := c.Start(ctx, api.StartParams{Argv: []string{"true"}, Cwd: "/"})
+	if err == nil {
+		_, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
+	}
+	if err != nil {
+		e.t.Fatalf("warm-up execution: %v", err)
+	}
+	time.Sleep(time.Second) // the warm pool refills
+	e.fdBase = drill.FDList(mainPID(e.t))
+}
+
+// leftovers: corral-<id>.scope units (pool scopes are the daemon's own),
+// marked processes, workspaces, daemon fds above the idle count.
+func (e *env) leftovers(ctx context.Context) []string {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var left []string
+		out, _ := exec.Command("systemctl", "list-units", "--all", "--plain", "--no-legend", "corral-*.scope").Output()
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 0 || strings.HasPrefix(f[0], "corral-pool-") {
+				continue
+			}
+			left = append(left, "unit "+l)
+		}
+		left = append(left, drill.MarkedProcesses(e.run)...)
+		ents, _ := os.ReadDir(filepath.Join(stateDir, "work"))
+		for _, w := range ents {
+			left = append(left, "workspace "+w.Name())
+		}
+		if pid := mainPID(e.t); pid > 0 {
+			if more := drill.FDsAbove(pid, e.fdBase, filepath.Join(stateDir, store.FileName)); more != "" {
+				left = append(left, more)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return left
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func survival(t *testing.T, ctx context.Context) drill.Survival {
+	t.Helper()
+	c, err := drill.DialRetry(ctx, socket, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := drill.DaemonSurvival(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestDrillSystemd(t *testing.T) {
+	harness.Require(t)
+	setup(t)
+	t.Cleanup(func() {
+		exec.Command("systemctl", "stop", "corrald.service", "corrald.socket").Run()
+	})
+	ctx := context.Background()
+	tm := drill.FromFlags()
+	run := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	cfg := drill.Config{Socket: socket, Run: run, Seed: 14}
+	pctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	tty, err := drill.Probe(pctx, socket)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.TTY = tty
+	e := &env{t: t, run: run}
+	e.settle(ctx)
+	rep := drill.Report{Title: "systemd faults: corrald.service in the tests/harness systemd (systemd backend)"}
+	rep.Header = append(rep.Header, fmt.Sprintf("Commit %s; %d clients; each fault: %v of load, %v of fault, %v after; %s; terminals in the mix: %v.",
+		drill.Commit(), tm.Clients, tm.Before, tm.During, tm.After, drill.Host(), tty))
+	checks := drill.Checks{Socket: socket, Leftovers: e.leftovers}
+	faults := []struct {
+		name string
+		f    func() drill.Fault
+	}{
+		{"sd-kill-9", func() drill.Fault { return kill9(t, ctx) }},
+		{"sd-reload", func() drill.Fault { return reload(t, ctx) }},
+		{"daemon-reexec", func() drill.Fault { return reexec(t) }},
+		{"dbus-restart", func() drill.Fault { return dbusRestart(t) }},
+	}
+	for _, f := range faults {
+		if !drill.Selected(f.name) {
+			continue
+		}
+		t.Run(f.name, func(t *testing.T) {
+			fault := f.f()
+			if fault.Inject == nil {
+				rep.Rows = append(rep.Rows, drill.Row{Fault: f.name, Skipped: "daemon.info reports survival.handover false"})
+				return
+			}
+			row := drill.RunPhase(cfg, tm, f.name, fault, checks)
+			rep.Rows = append(rep.Rows, row)
+			if !row.OK() {
+				t.Errorf("%s: %d wrong, %d unexpectedly lost, %d lost records, %d lost bytes, %d left over:\n%s",
+					f.name, row.Wrong, row.UnexpectedLost, row.LostRecords, row.LostBytes, row.Leftovers, strings.Join(row.Problems, "\n"))
+			}
+			e.settle(ctx) // a restarted daemon has a baseline of its own
+		})
+	}
+	fmt.Println(rep.Markdown())
+	if p := drill.ReportPath("2-systemd"); p != "" {
+		if err := rep.Write(harness.InsidePath(p)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func kill9(t *testing.T, ctx context.Context) drill.Fault {
+	return drill.Fault{
+		Inject: func(ctx context.Context, ph *drill.Phase) string {
+			s := survival(t, ctx)
+			sh(t, "systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "corrald.service")
+			ph.MarkRecoverFrom()
+			note := "corrald's main process killed with SIGKILL under load; Restart=on-failure brings it back; "
+			if s.FDStore {
+				note += "daemon.info reports survival.fdstore true: none may end lost"
+			} else {
+				ph.AllowLostUnfinished()
+				note += "daemon.info reports survival.fdstore false, so executions running at the kill may end lost"
+			}
+			return note
+		},
+	}
+}
+
+func reload(t *testing.T, ctx context.Context) drill.Fault {
+	s := survival(t, ctx)
+	if !s.Handover {
+		return drill.Fault{} // reported as not run, with the reason
+	}
+	return drill.Fault{
+		Inject: func(ctx context.Context, ph *drill.Phase) string {
+			how := "systemctl reload corrald"
+			if out, err := exec.Command("systemctl", "reload", "corrald.service").CombinedOutput(); err != nil {
+				// A unit without ExecReload=: the signal it would send.
+				sh(t, "systemctl", "kill", "--kill-whom=main", "--signal=SIGHUP", "corrald.service")
+				how = fmt.Sprintf("SIGHUP to corrald's main process (systemctl reload: %s)", strings.TrimSpace(string(out)))
+			}
+			ph.MarkRecoverFrom()
+			return how + " under load: handover to the binary on disk; daemon.info reports survival.handover true, so none may end lost; calls in flight may answer -32005"
+		},
+		AllowRefused: func(code api.Code, msg string) bool { return code == api.CodeShuttingDown },
+	}
+}
+
+func reexec(t *testing.T) drill.Fault {
+	return drill.Fault{
+		Inject: func(ctx context.Context, ph *drill.Phase) string {
+			sh(t, "systemctl", "daemon-reexec")
+			ph.MarkRecoverFrom()
+			return "systemctl daemon-reexec under load: PID 1 re-executes, every D-Bus connection to it drops; the systemd backend must reconnect and miss no unit event (none lost, none wrong, no scope left)"
+		},
+	}
+}
+
+func dbusRestart(t *testing.T) drill.Fault {
+	return drill.Fault{
+		Inject: func(ctx context.Context, ph *drill.Phase) string {
+			sh(t, "systemctl", "restart", "dbus.service")
+			ph.MarkRecoverFrom()
+			return "systemctl restart dbus under load: the bus goes away and comes back; the systemd backend must reconnect and miss no unit event"
+		},
+	}
+}
