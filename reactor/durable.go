@@ -208,7 +208,7 @@ func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) 
 
 // commit persists the transition e just made (from e.prev) and tells
 // followers once it is durable. Loop goroutine only.
-func (r *Reactor) commit(e *execution) {
+func (r *Reactor) commit(e *execution, outs ...store.Output) {
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
 	r.observe(e, e.prev, &rec)
@@ -218,7 +218,7 @@ func (r *Reactor) commit(e *execution) {
 			e.startAck <- rec
 			e.startAck = nil
 		}
-	})
+	}, outs...)
 }
 
 // tell sends a state notification to e's followers.

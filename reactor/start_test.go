@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/store"
 )
 
 // heldBackend is the pgroup backend declaring PlaceHeld, as systemd does:
@@ -153,5 +155,42 @@ func TestStartOutOfFDsRefusedWithOverCapacity(t *testing.T) {
 	// And once fds are back, starts work again.
 	if rec := tr.run(api.StartParams{Argv: []string{"true"}}); outcome(rec) != api.OutcomeExited {
 		t.Errorf("after fds came back: outcome %s, want exited", outcome(rec))
+	}
+}
+
+// exitedOutputStore records the kept output each exited transition carried.
+type exitedOutputStore struct {
+	store.Store
+	mu  sync.Mutex
+	out map[string]map[string][]byte // id -> stream -> head+tail
+}
+
+func (s *exitedOutputStore) Transition(from api.State, rec api.Record, outs ...store.Output) <-chan store.Result {
+	if rec.State == api.StateExited {
+		s.mu.Lock()
+		m := make(map[string][]byte)
+		for _, o := range outs {
+			m[o.Stream] = append(append([]byte(nil), o.Kept.Head...), o.Kept.Tail...)
+		}
+		s.out[rec.ID] = m
+		s.mu.Unlock()
+	}
+	return s.Store.Transition(from, rec, outs...)
+}
+
+// TestExitedRecordCarriesKeptOutput: without an output spool, the exited
+// record (with its outcome) must be stored with the kept output read so
+// far; otherwise a crash between exited and cleaned leaves a record that
+// says exited 0 with none of its output (found by tests/drill, kill-9:
+// exec.output answered total_bytes 0 for a child that wrote 348,894).
+func TestExitedRecordCarriesKeptOutput(t *testing.T) {
+	st := &exitedOutputStore{Store: store.NewMemory(), out: make(map[string]map[string][]byte)}
+	tr := newTestReactor(t, func(c *Config) { c.Store = st })
+	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "echo out; echo err >&2"}})
+	st.mu.Lock()
+	got := st.out[rec.ID]
+	st.mu.Unlock()
+	if string(got[store.Stdout]) != "out\n" || string(got[store.Stderr]) != "err\n" {
+		t.Errorf("kept output stored with the exited record = %q, want stdout %q and stderr %q", got, "out\n", "err\n")
 	}
 }

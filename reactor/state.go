@@ -26,6 +26,7 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/eventloop"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/store"
 )
 
 // execution is one supervised command. All fields are owned by the loop
@@ -278,7 +279,14 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		ev = ev.Str("error", errText)
 	}
 	ev.Msg("execution exited")
-	r.commit(e)
+	// Without a spool the kept output so far goes with the exited record:
+	// a crash before cleaned would otherwise leave an outcome with none of
+	// the output behind it (found by tests/drill, kill-9).
+	var outs []store.Output
+	if !r.spooling() {
+		outs = keptForStore(e)
+	}
+	r.commit(e, outs...)
 	r.startCleanup(e)
 }
 
