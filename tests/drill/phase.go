@@ -126,6 +126,11 @@ func FDsAbove(pid int, base map[string]int, dbPrefix string) string {
 			db += v
 			continue
 		}
+		if strings.HasPrefix(k, "/sys/fs/cgroup/") && strings.Contains(filepath.Base(k), "cpu.") {
+			// The Go runtime's own: it keeps its cgroup's CPU limit files
+			// open to follow GOMAXPROCS, opened after a while.
+			continue
+		}
 		if v > base[k] {
 			more = append(more, fmt.Sprintf("%d× %s", v-base[k], k))
 		}
