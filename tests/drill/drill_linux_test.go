@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/store"
 	"github.com/corral-dev/corral/tests/testd"
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 var (
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 		skipReason = "needs a cgroup2 hierarchy"
 	}
 	if skipReason != "" {
-		os.Exit(m.Run())
+		os.Exit(testenv.Main(m)) // every test skips with the reason (fails under CORRAL_STRICT=1)
 	}
 	dir, err := testd.Build("corral-drill-bin-", "corrald", "corral-shim")
 	if err != nil {
@@ -43,14 +44,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	before := testd.Measure()
-	code := m.Run()
-	if err := before.Check(10 * time.Second); err != nil {
-		fmt.Fprintf(os.Stderr, "drill: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
+	code := testenv.Main(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -163,7 +157,7 @@ func phase(t *testing.T, h *hostEnv, cfg Config, tm Timing, name string, f Fault
 
 func TestDrillHost(t *testing.T) {
 	if skipReason != "" {
-		t.Skip("drill: " + skipReason)
+		testenv.Skip(t, "drill: "+skipReason)
 	}
 	tm := FromFlags()
 	run := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
