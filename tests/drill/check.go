@@ -27,6 +27,7 @@ type Exec struct {
 	// (the connection broke, or the client vanished on purpose), so the
 	// execution may or may not exist.
 	Acked      bool
+	AckedAt    time.Time
 	Refused    api.Code
 	RefusedMsg string
 	Uncertain  bool
@@ -127,6 +128,22 @@ func (p *Phase) AllowLostUnfinished() {
 	now := time.Now()
 	for _, e := range p.execs {
 		if e.SeenFinal.IsZero() || e.SeenFinal.After(now) {
+			e.AllowLost = true
+		}
+	}
+}
+
+// AllowLostUnanswered marks every execution whose exec.start had not been
+// answered by now as allowed to end lost: the daemon was killed and reports
+// that it survives that, which covers what it told a client it runs; an
+// execution still starting (record written, fds not yet parked) may end
+// lost with the reason.
+func (p *Phase) AllowLostUnanswered() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for _, e := range p.execs {
+		if !e.Acked || e.AckedAt.After(now) {
 			e.AllowLost = true
 		}
 	}

@@ -243,6 +243,7 @@ func (cl *client) start(ctx context.Context, e *Exec, params any) (api.Record, e
 	switch {
 	case err == nil:
 		e.Acked = true
+		e.AckedAt = time.Now()
 		e.TimeoutMS = rec.TimeoutMS
 	case errors.As(err, &ae):
 		e.Refused = ae.Code
