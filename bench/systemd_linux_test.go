@@ -73,10 +73,11 @@ func (s *suite) benchSystemd(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("measure inside the harness systemd: %v\n%s", err, out.Bytes())
 	}
-	var res map[string][]time.Duration
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+	var inside sdResults
+	if err := json.Unmarshal(out.Bytes(), &inside); err != nil {
 		t.Fatalf("decode samples from inside: %v\n%s", err, out.Bytes())
 	}
+	res := inside.Samples
 	for _, k := range []string{sdCorrald, sdCorrald0, sdRunScope, sdRunService, sdBare} {
 		if len(res[k]) != systemdN {
 			t.Fatalf("%d samples of %q from inside, want %d", len(res[k]), k, systemdN)
@@ -102,6 +103,125 @@ func (s *suite) benchSystemd(t *testing.T) {
 		}
 	}
 	s.target("(f) systemd pool-on p50 / systemd-run --scope p50 (5× faster: ≤ 0.2)", float64(durations(res[sdCorrald]).pct(.5))/float64(durations(res[sdRunScope]).pct(.5)), 0.2, "×")
+
+	var rows []rateRow
+	for _, k := range sdLoadClients {
+		base := fmt.Sprintf("systemd-run --scope ×%d goroutines", k)
+		for _, side := range []string{sdCorrald, sdCorrald0} {
+			rows = append(rows, rateRow{name: fmt.Sprintf("%d clients", k), side: strings.TrimSuffix(side, " start+wait"), baseName: base, unit: "exec/s",
+				side1: inside.Rates[sdLoadKey(side, k)], base: inside.Rates[sdLoadKey(sdRunScope, k)]})
+		}
+	}
+	s.rateTable("(f2) systemd under load: the pool at 8 and 64 clients",
+		"Inside the same private systemd: k clients, each its own connection, looping exec.start + exec.wait (until cleaned) of /bin/true on each daemon, against k goroutines looping `systemd-run --scope --quiet --collect /bin/true`; windows of 1 s, the sides rotating. The pool's hits and misses over the pool-4 daemon's windows are below the table.",
+		rows)
+	fmt.Fprintf(&s.out, "\nPool of the --pool-size 4 daemon during its windows:")
+	for _, k := range sdLoadClients {
+		hm := inside.Rates[sdLoadKey("pool hits misses", k)]
+		if len(hm) == 2 && hm[0]+hm[1] > 0 {
+			fmt.Fprintf(&s.out, " %d clients: %.0f hits, %.0f misses (hit rate %.2f);", k, hm[0], hm[1], hm[0]/(hm[0]+hm[1]))
+		}
+	}
+	fmt.Fprintf(&s.out, " a miss creates the scope inline (StartTransientUnit and its job in exec.start).\n")
+}
+
+// sdResults is what the measuring process inside the harness systemd
+// prints: latency samples by side (and phase), and rates by sdLoadKey.
+type sdResults struct {
+	Samples map[string][]time.Duration `json:"samples"`
+	Rates   map[string][]float64       `json:"rates"`
+}
+
+// sdLoadClients are the client counts of (f2).
+var sdLoadClients = []int{8, 64}
+
+func sdLoadKey(side string, k int) string { return fmt.Sprintf("%s ×%d", side, k) }
+
+// systemdLoad is (f2), inside the harness systemd: exec/s of k clients on
+// each daemon (socks: pool4, pool0) against k goroutines running
+// systemd-run --scope, and the pool-4 daemon's pool hits and misses over
+// its windows (read with info on c).
+func systemdLoad(ctx context.Context, socks map[string]string, c *ipc.Client) (map[string][]float64, error) {
+	windows := 3
+	if os.Getenv("CORRAL_BENCH_QUICK") == "1" {
+		windows = 1
+	}
+	rates := map[string][]float64{}
+	viaCorrald := func(cs []*ipc.Client) func(int) error {
+		return func(w int) error {
+			rec, err := cs[w].Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
+			if err != nil {
+				return fmt.Errorf("exec.start: %w", err)
+			}
+			rec, err = cs[w].Wait(ctx, api.WaitParams{ID: rec.ID})
+			if err != nil {
+				return fmt.Errorf("exec.wait: %w", err)
+			}
+			if rec.ExitCode == nil || *rec.ExitCode != 0 {
+				return fmt.Errorf("/bin/true did not exit 0 (state %s)", rec.State)
+			}
+			return nil
+		}
+	}
+	scopeRun := func(int) error {
+		var stderr bytes.Buffer
+		cmd := exec.Command("systemd-run", "--scope", "--quiet", "--collect", "/bin/true")
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("systemd-run --scope: %w: %s", err, stderr.Bytes())
+		}
+		return nil
+	}
+	pool := func() (hits, misses int64) {
+		if info, err := c.Info(ctx); err == nil && info.Pool != nil {
+			return info.Pool.Hits, info.Pool.Misses
+		}
+		return 0, 0
+	}
+	for _, k := range sdLoadClients {
+		conns := map[string][]*ipc.Client{}
+		for _, name := range []string{"pool4", "pool0"} {
+			for i := 0; i < k; i++ {
+				cl, err := ipc.Dial(socks[name])
+				if err != nil {
+					return nil, fmt.Errorf("dial %s: %w", name, err)
+				}
+				defer cl.Close()
+				conns[name] = append(conns[name], cl)
+			}
+		}
+		var hits, misses int64
+		var firstErr error
+		side := func(key string, op func(int) error, pooled bool) func() {
+			return func() {
+				if firstErr != nil {
+					return
+				}
+				h0, m0 := pool()
+				r, err := window(k, tputWindow, op)
+				if err != nil {
+					firstErr = fmt.Errorf("%s: %w", key, err)
+					return
+				}
+				if pooled {
+					h1, m1 := pool()
+					hits, misses = hits+h1-h0, misses+m1-m0
+				}
+				rates[sdLoadKey(key, k)] = append(rates[sdLoadKey(key, k)], r)
+			}
+		}
+		for i := 0; i < windows; i++ {
+			rotate(i,
+				side(sdCorrald, viaCorrald(conns["pool4"]), true),
+				side(sdCorrald0, viaCorrald(conns["pool0"]), false),
+				side(sdRunScope, scopeRun, false))
+		}
+		if firstErr != nil {
+			return nil, firstErr
+		}
+		rates[sdLoadKey("pool hits misses", k)] = []float64{float64(hits), float64(misses)}
+	}
+	return rates, nil
 }
 
 // runSystemdInside is the measuring process of benchSystemd. It starts
@@ -139,8 +259,10 @@ func runSystemdInside() int {
 			stops[i]()
 		}
 	}()
+	socks := map[string]string{}
 	startInside := func(name string, pool int) (*ipc.Client, error) {
 		sock := filepath.Join(dir, name+".sock")
+		socks[name] = sock
 		d := exec.Command(bin, "--socket", sock, "--state-dir", filepath.Join(dir, "state-"+name), "--scope", "systemd",
 			"--config", "/dev/null", "--log-level", "warn", "--log-format", "json", "--drain", "1s",
 			"--pool-size", strconv.Itoa(pool), "--slice", "corral-"+name+".slice")
@@ -275,7 +397,11 @@ func runSystemdInside() int {
 			res[phaseKey(name, i)] = d
 		}
 	}
-	b, err := json.Marshal(res)
+	rates, err := systemdLoad(ctx, socks, c)
+	if err != nil {
+		return fail(err, "measure under load")
+	}
+	b, err := json.Marshal(sdResults{Samples: res, Rates: rates})
 	if err != nil {
 		log.Error().Err(err).Msg("encode samples")
 		return 1
