@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(systemdEnv) != "" {
 		os.Exit(runSystemdInside())
 	}
-	os.Exit(m.Run())
+	os.Exit(testenv.Main(m))
 }
 
 // TestBenchSuite runs every measurement in one process, one after another,

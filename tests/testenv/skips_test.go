@@ -49,3 +49,39 @@ func TestEverySkipGoesThroughTestenv(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEveryPackageChecksLeaks: every package with tests has a TestMain that
+// runs them through Main (directly, or inside a harness systemd through
+// harness.RunInside), so that no test package leaks fds or goroutines
+// unseen.
+func TestEveryPackageChecksLeaks(t *testing.T) {
+	root := filepath.Join("..", "..")
+	tests := map[string][]byte{} // directory -> its _test.go files, concatenated
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) && p != root {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		tests[filepath.Dir(p)] = append(tests[filepath.Dir(p)], b...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir, src := range tests {
+		s := string(src)
+		own := filepath.Base(dir) == "testenv" && strings.Contains(s, "os.Exit(Main(m))")
+		if !strings.Contains(s, "func TestMain(") || !(own || strings.Contains(s, "testenv.Main(") || strings.Contains(s, "harness.RunInside(")) {
+			t.Errorf("%s: no TestMain running the tests through testenv.Main or harness.RunInside", dir)
+		}
+	}
+}
