@@ -43,6 +43,7 @@ func (r *Reactor) armIdle(e *execution) {
 }
 
 func (r *Reactor) idleAfter(e *execution, d time.Duration) {
+	e.idleArms++
 	e.idle = r.loop.AfterFunc(d, func() {
 		e.idle = nil
 		if e.state != api.StateRunning {

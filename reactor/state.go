@@ -59,6 +59,7 @@ type execution struct {
 	idle                                    *eventloop.Timer // idle_timeout_ms (deadline.go)
 	deadline                                time.Time        // wall-clock limit; exec.update moves it
 	lastOutput                              time.Time        // last output byte, for the idle limit
+	idleArms                                int              // times the idle timer was armed (a test checks it stays per period, not per chunk)
 	scopeEmpty                              bool
 	cleaning                                bool // remove/delete running off-loop
 

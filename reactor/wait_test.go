@@ -283,13 +283,37 @@ func TestIdleTimeout(t *testing.T) {
 		}
 	})
 	t.Run("chatty", func(t *testing.T) {
-		rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do echo $i; sleep 0.1; done"}, IdleTimeoutMS: 500})
+		rec := tr.start(api.StartParams{Argv: []string{"sh", "-c", "for i in $(seq 30); do echo $i; sleep 0.1; done"}, IdleTimeoutMS: 500})
+		var arms int
+		// Sample the arming count until it ends.
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			var done bool
+			_ = tr.onLoop(context.Background(), func() {
+				e := tr.execs[rec.ID]
+				done = e == nil || e.state.Finished()
+				if e != nil {
+					arms = e.idleArms
+				}
+			})
+			if done {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		rec = tr.wait(rec.ID)
 		if outcome(rec) != api.OutcomeExited || *rec.ExitCode != 0 {
 			t.Fatalf("outcome %s, want exited 0 (output every 100 ms under a 500 ms idle limit)", outcome(rec))
 		}
-		if rec.DurationMS < 1500 {
-			t.Fatalf("duration_ms = %d, want the whole 1.5 s", rec.DurationMS)
+		if rec.DurationMS < 3000 || rec.Stdout.TotalBytes < 80 {
+			t.Fatalf("duration_ms = %d, stdout %d bytes: want the whole 3 s, 30 lines", rec.DurationMS, rec.Stdout.TotalBytes)
 		}
+		// One arming per idle period at most (the run's length over the
+		// limit, plus the first), never one per chunk (30 lines).
+		if max := int(rec.DurationMS/500) + 2; arms > max || arms == 0 {
+			t.Fatalf("idle timer armed %d times over %d ms of output in 30 chunks, want at most %d", arms, rec.DurationMS, max)
+		}
+		t.Logf("idle timer armed %d times for 30 chunks over %d ms", arms, rec.DurationMS)
 	})
 	t.Run("stderr counts", func(t *testing.T) {
 		rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo $i >&2; sleep 0.1; done"}, IdleTimeoutMS: 500})
