@@ -622,10 +622,3 @@ func TestNoPidfdExitInfoIsLost(t *testing.T) {
 		t.Errorf("adopted then cancelled: outcome %s error %q, %v; want cancelled", outcome(rec), strOr(rec.Error), err)
 	}
 }
-
-func testTail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
