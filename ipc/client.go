@@ -114,7 +114,7 @@ func DialContext(ctx context.Context, path string) (*Client, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return nil, fmt.Errorf("connect to corrald at %s: %w", path, err)
+		return nil, fmt.Errorf("connect to corrald: %w", err) // "dial unix PATH: ...", from net
 	}
 	return NewClient(nc), nil
 }

@@ -142,7 +142,7 @@ func (sp *spool) compact(k *keptOutput) {
 	}
 	if err := os.Rename(tmp, sp.path); err != nil {
 		unix.Close(fd)
-		sp.err = fmt.Errorf("spool %s: %w", sp.path, err)
+		sp.err = fmt.Errorf("spool: %w", err) // "rename TMP PATH: ...", from os
 		return
 	}
 	unix.Close(sp.fd)
@@ -169,7 +169,7 @@ func writeSpoolFile(path string, k *keptOutput) error {
 	buf = append(buf, k.head...)
 	buf = append(buf, k.tailBytes()...)
 	if err := os.WriteFile(path, buf, 0o600); err != nil {
-		return fmt.Errorf("spool %s: %w", path, err)
+		return fmt.Errorf("spool: %w", err) // os names the path
 	}
 	return nil
 }

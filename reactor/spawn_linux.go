@@ -97,6 +97,11 @@ func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawn
 	path := p.Argv[0]
 	if !asUser {
 		if fi, err := os.Stat(dir); err != nil {
+			// The message names dir once: keep only the PathError's reason.
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
 			return fail(fmt.Errorf("cwd %s: %w", dir, err)), nil
 		} else if !fi.IsDir() {
 			return fail(fmt.Errorf("cwd %s: %w", dir, syscall.ENOTDIR)), nil

@@ -131,7 +131,7 @@ func parseConfig(args []string) (*config, error) {
 		if !explicit && errors.Is(err, os.ErrNotExist) {
 			return c, nil
 		}
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, fmt.Errorf("config: %w", err) // "open PATH: ...", from os
 	}
 	defer f.Close()
 	set := map[string]bool{}
