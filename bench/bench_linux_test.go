@@ -61,6 +61,7 @@ func TestBenchSuite(t *testing.T) {
 		profileExecN, profileDrainN = 30, 1
 		mcpN, mcpWU = 20, 3
 		obsN = 30
+		handoverN, adoptN, adoptRound = 3, 50, 1
 	}
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
@@ -84,6 +85,7 @@ func TestBenchSuite(t *testing.T) {
 	run("profile", s.benchProfile)
 	run("mcp", s.benchMCP)
 	run("observability", s.benchObservability)
+	run("survival", s.benchSurvival)
 
 	s.targetTable()
 	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s. Load average at the end: %s.\n", time.Since(start).Round(time.Second), loadAvg())

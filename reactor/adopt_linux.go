@@ -128,6 +128,10 @@ func (r *Reactor) prepareAdoptions() []int {
 	return pids
 }
 
+// Sync returns once the loop has run everything posted before it: after
+// New, the re-adoption of cfg.Adopt (the daemon says READY=1 after it).
+func (r *Reactor) Sync(ctx context.Context) error { return r.onLoop(ctx, func() {}) }
+
 // readoptAll takes every prepared execution into the loop. Loop goroutine;
 // the first thing the loop runs.
 func (r *Reactor) readoptAll() {

@@ -312,6 +312,13 @@ func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListe
 	r.Every(loopCtx, 5*time.Second, func() {
 		systemd.Status(fmt.Sprintf("%d running, %d total", r.Running(), r.Total()))
 	})
+	// Executions taken over from an earlier image are in the loop before
+	// systemd hears READY=1 (the end of a reload).
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	if err := r.Sync(sctx); err != nil {
+		log.Warn().Err(err).Msg("wait for the adopted executions")
+	}
+	scancel()
 	systemd.Ready()
 	log.Info().Str("event", "ready").Str("socket", ln.Addr().String()).Bool("socket_activated", activated).
 		Str("backend", backend.Name()).Str("cgroup", host.CgroupMode).Bool("pidfd", host.Pidfd && !c.noPidfd).

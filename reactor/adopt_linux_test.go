@@ -1,0 +1,173 @@
+package reactor
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/store"
+	"github.com/corral-dev/corral/tests/testenv"
+)
+
+// fakeFdStore keeps duplicates of what is parked, as systemd does.
+type fakeFdStore struct {
+	mu  sync.Mutex
+	fds map[string]int
+}
+
+func (f *fakeFdStore) Store(name string, fd int) error {
+	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if old, ok := f.fds[name]; ok {
+		unix.Close(old)
+	}
+	f.fds[name] = d
+	return nil
+}
+
+func (f *fakeFdStore) Remove(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fd, ok := f.fds[name]; ok {
+		unix.Close(fd)
+		delete(f.fds, name)
+	}
+	return nil
+}
+
+// passBack hands duplicates of id's stored fds to the next reactor, by role.
+func (f *fakeFdStore) passBack(t *testing.T, id string) map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]int{}
+	for name, fd := range f.fds {
+		if rest, ok := strings.CutPrefix(name, id+"."); ok {
+			d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[rest] = d
+		}
+	}
+	return out
+}
+
+// TestAdoptAfterCrash: a reactor stops without a shutdown (its loop gone,
+// as in a crash); a second one, given the store's records and the parked
+// fds, takes the executions over: output read before and after, the exit
+// code, stdin still open, a deadline that passed meanwhile firing, and the
+// fd store empty once all are cleaned.
+func TestAdoptAfterCrash(t *testing.T) {
+	testenv.SkipRoot(t, "children run as the caller's uid")
+	st := store.NewMemory()
+	fs := &fakeFdStore{fds: map[string]int{}}
+	dir := t.TempDir()
+	cfg := Config{
+		Backend: scope.NewPgroup(), Store: st, FdStore: fs, StateDir: dir,
+		Log:      zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+		KillWait: 2 * time.Second, SocketGID: -1,
+	}
+	r1, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx1, crash := context.WithCancel(context.Background())
+	done1 := make(chan error, 1)
+	go func() { done1 <- r1.Run(ctx1) }()
+	start := func(p api.StartParams) string {
+		t.Helper()
+		p.Cwd = "/"
+		rec, err := r1.Start(context.Background(), root, p)
+		if err != nil || rec.State != api.StateRunning {
+			t.Fatalf("Start(%v) = %v, %v", p.Argv, rec.State, err)
+		}
+		return rec.ID
+	}
+	exit7 := start(api.StartParams{Argv: []string{"sh", "-c", "echo one; sleep 0.5; echo two; exit 7"}})
+	cat := start(api.StartParams{Argv: []string{"cat"}, StdinOpen: true})
+	timeout := start(api.StartParams{Argv: []string{"sleep", "30"}, TimeoutMS: 300, GraceMS: 100})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _ := r1.Output(context.Background(), root, api.OutputParams{ID: exit7})
+		if string(out.Data) == "one\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no first line: %q", out.Data)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	crash()
+	if err := <-done1; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // the timeout falls due meanwhile
+
+	recs, err := st.Unfinished()
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("unfinished after the crash: %d, %v; want 3", len(recs), err)
+	}
+	cfg.Adopt = nil
+	for _, rec := range recs {
+		var p api.StartParams
+		b, _, _ := st.Params(rec.ID)
+		if err := json.Unmarshal(b, &p); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Adopt = append(cfg.Adopt, Adoptee{Record: rec, Params: p, Fds: fs.passBack(t, rec.ID)})
+	}
+	// What the crashed reactor held dies with it in a real crash.
+	for _, e := range r1.execs {
+		for _, fd := range []int{e.pidfd, e.streams[0].fd, e.streams[1].fd} {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+		if e.stdin != nil && e.stdin.fd >= 0 {
+			unix.Close(e.stdin.fd)
+		}
+		for _, s := range e.streams {
+			s.spool.close()
+		}
+	}
+	r2 := newTestReactor(t, func(c *Config) {
+		c.Store, c.FdStore, c.StateDir, c.Adopt, c.Subreaper = st, fs, dir, cfg.Adopt, false
+	})
+	if info, _ := r2.Info(context.Background()); info.Adopted != 3 {
+		t.Errorf("daemon.info adopted = %d, want 3", info.Adopted)
+	}
+	if _, err := r2.Write(context.Background(), root, api.WriteParams{ID: cat, Data: []byte("after"), Close: true}); err != nil {
+		t.Fatalf("Write after adoption: %v", err)
+	}
+	rec := r2.wait(exit7)
+	if outcome(rec) != api.OutcomeExited || rec.ExitCode == nil || *rec.ExitCode != 7 || rec.Adopted != 1 {
+		t.Errorf("exit 7: outcome %s exit %v adopted %d", outcome(rec), rec.ExitCode, rec.Adopted)
+	}
+	if got := r2.stdout(exit7); got != "one\ntwo\n" || rec.Stdout.TotalBytes != 8 {
+		t.Errorf("exit 7: stdout %q (total %d), want both lines", got, rec.Stdout.TotalBytes)
+	}
+	if rec := r2.wait(cat); outcome(rec) != api.OutcomeExited || r2.stdout(cat) != "after" {
+		t.Errorf("cat: outcome %s stdout %q", outcome(rec), r2.stdout(cat))
+	}
+	if rec := r2.wait(timeout); outcome(rec) != api.OutcomeTimeout {
+		t.Errorf("timeout due during the outage: outcome %s error %v", outcome(rec), rec.Error)
+	}
+	fs.mu.Lock()
+	left := len(fs.fds)
+	fs.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d fds left in the fd store after all were cleaned: %v", left, fs.fds)
+	}
+}
