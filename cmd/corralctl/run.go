@@ -50,6 +50,7 @@ func (o *runOptions) register(fs *pflag.FlagSet) {
 	fs.BoolVarP(&o.tty, "tty", "t", false, "run the command on a terminal (with -i and a terminal here: raw mode, every key goes to the command)")
 	fs.Var(&o.idleTimeout, "idle-timeout", "end the command after `DURATION` without output on either stream (exit 124)")
 	cli.CompleteValues(fs, map[string]string{"cwd": "dir", "network": "words:host none", "user": "user"})
+	cli.VarNames(fs, map[string]string{"network": "MODE"})
 }
 
 // startParams turns the flags and the command into exec.start params.
