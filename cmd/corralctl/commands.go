@@ -167,7 +167,8 @@ func cmdWait(e *env, g *globalFlags, args []string) int {
 
 func cmdCancel(e *env, g *globalFlags, args []string) int {
 	fs := newFlagSet(e, g, "cancel")
-	reason := fs.String("reason", "", "why (`REASON`), recorded in the execution (cancel_reason)")
+	reason := fs.String("reason", "", "why, recorded in the execution (cancel_reason)")
+	cli.VarNames(fs, map[string]string{"reason": "REASON"})
 	pos, code, ok := parseArgs(e, fs, args, 1, exitUsage)
 	if !ok {
 		return code
