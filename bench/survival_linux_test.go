@@ -31,11 +31,11 @@ var (
 // benchSurvival measures surviving corrald itself (issue 9), under the
 // cgroup backend:
 //
-//   - (g1) API unavailability during a handover: a client dials and calls
+//   - (k1) API unavailability during a handover: a client dials and calls
 //     daemon.info in a loop; for each SIGHUP, the longest call that began
 //     between the signal and the new image's first answer, against the
 //     longest call in a window of the same length without a handover.
-//   - (g2) time to re-adopt adoptN running executions after kill -9,
+//   - (k2) time to re-adopt adoptN running executions after kill -9,
 //     against the time the daemon takes to start with none: both from the
 //     exec of the new corrald to its READY=1. The fd store is played by the
 //     benchmark (fakeFdStore): systemd's protocol, not systemd.
@@ -151,7 +151,7 @@ func (s *suite) benchHandover(t *testing.T) {
 	if err != nil || info.Running != 20 || info.Adopted != 20 {
 		t.Errorf("after %d handovers: running %d adopted %d (%v); want 20, 20", handoverN, info.Running, info.Adopted, err)
 	}
-	s.latencyTable("(g1) API unavailability during a handover",
+	s.latencyTable("(k1) API unavailability during a handover",
 		fmt.Sprintf("corrald (cgroup backend, --pool-size 0, 20 `sleep` executions running) gets SIGHUP %d times; a client dials and calls daemon.info in a loop throughout. "+
 			"Measured: per handover, the longest call begun between the signal and the new image's first answer (connections wait in the listening socket's backlog: "+
 			"%d of %d attempts refused). Baseline: the longest call in a window of the same length right after, without a handover.", handoverN, refused, len(calls)),
@@ -232,7 +232,7 @@ func (s *suite) benchReadopt(t *testing.T) {
 		}
 		fs.reset()
 	}
-	s.latencyTable("(g2) re-adopting running executions after kill -9",
+	s.latencyTable("(k2) re-adopting running executions after kill -9",
 		fmt.Sprintf("corrald (cgroup backend, --pool-size 0) with %d `sleep` executions running is killed with SIGKILL and started again with their fds "+
 			"(the benchmark plays systemd's fd store: FDSTORE=1 collected, passed back as LISTEN_FDS/LISTEN_FDNAMES). "+
 			"Measured: from the exec of the new corrald to its READY=1, every execution adopted. Baseline: the same with none running. %d rounds per side, alternating.",

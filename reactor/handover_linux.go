@@ -59,17 +59,35 @@ func (r *Reactor) Handover(ctx context.Context, settle time.Duration, exec func(
 		return errors.New("handover: one is already under way")
 	}
 	defer r.handover.active.Store(false)
+	// Checked and handed over in one go on the loop: nothing can start
+	// in between.
 	deadline := time.Now().Add(settle)
 	for {
-		quiet := false
-		if err := r.onLoop(ctx, func() { quiet = r.quiet() }); err != nil {
-			return fmt.Errorf("handover: %w", err)
+		var (
+			err  error
+			why  string
+			done bool
+		)
+		if lerr := r.onLoop(ctx, func() {
+			var ok bool
+			if ok, why = r.quiet(); !ok {
+				return
+			}
+			done = true
+			h, herr := r.describe()
+			if herr != nil {
+				err = herr
+				return
+			}
+			err = exec(h)
+		}); lerr != nil {
+			return fmt.Errorf("handover: %w", lerr)
 		}
-		if quiet {
-			break
+		if done {
+			return err
 		}
 		if time.Now().After(deadline) {
-			return ErrHandoverBusy
+			return fmt.Errorf("%w within %v: %s", ErrHandoverBusy, settle, why)
 		}
 		select {
 		case <-ctx.Done():
@@ -77,37 +95,28 @@ func (r *Reactor) Handover(ctx context.Context, settle time.Duration, exec func(
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	var err error
-	if lerr := r.onLoop(ctx, func() {
-		if !r.quiet() {
-			err = ErrHandoverBusy
-			return
-		}
-		h, herr := r.describe()
-		if herr != nil {
-			err = herr
-			return
-		}
-		err = exec(h)
-	}); lerr != nil {
-		return fmt.Errorf("handover: %w", lerr)
-	}
-	return err
 }
 
 // quiet reports whether nothing is in flight that the next image could not
-// pick up from the store and the fds: no start, no cleanup goroutine, no
-// store write. Loop goroutine only.
-func (r *Reactor) quiet() bool {
-	if r.handover.starts.Load() > 0 || r.inflight > 0 || len(r.dirty) > 0 {
-		return false
+// pick up from the store and the fds: no start, no store write; else what
+// is. Loop goroutine only.
+func (r *Reactor) quiet() (bool, string) {
+	switch {
+	case r.handover.starts.Load() > 0:
+		return false, fmt.Sprintf("%d exec.start calls in flight", r.handover.starts.Load())
+	case r.inflight > 0:
+		return false, fmt.Sprintf("%d store writes in flight", r.inflight)
+	case len(r.dirty) > 0:
+		return false, fmt.Sprintf("%d records not durable yet", len(r.dirty))
 	}
 	for _, e := range r.execs {
-		if e.state == api.StateStarted || e.cleaning && !e.done {
-			return false
+		// One being cleaned up need not hold the handover: its record is
+		// exited, and the next image cleans it up again (idempotent).
+		if e.state == api.StateStarted {
+			return false, "execution " + e.id + " is starting"
 		}
 	}
-	return true
+	return true, ""
 }
 
 // describe collects the handover: fds, memory-only state, and the kept

@@ -136,8 +136,10 @@ func (sv *survival) plan(st store.Store, stateDir string, log zerolog.Logger) {
 		case api.StateRunning, api.StateCanceling:
 			adopt = hasPidfd
 		case api.StateExited:
+			// Only its cleanup was left (or under way at a handover).
 			_, err := os.Stat(filepath.Join(reactor.SpoolDir(stateDir), rec.ID+".stdout"))
-			adopt = len(fds) > 0 || err == nil
+			_, handed := sv.handover[rec.ID]
+			adopt = len(fds) > 0 || err == nil || handed
 		}
 		if !adopt {
 			continue
