@@ -59,6 +59,10 @@ type hostEnv struct {
 	runs                     int
 	fdBase                   int
 	fdBaseList               map[string]int
+	// metrics is the daemon's --metrics-listen socket ("" when the daemon
+	// has none); goBase its goroutines when idle.
+	metrics string
+	goBase  int
 }
 
 func newHostEnv(t *testing.T, stateDir string, args ...string) *hostEnv {
@@ -75,11 +79,17 @@ func newHostEnv(t *testing.T, stateDir string, args ...string) *hostEnv {
 func (h *hostEnv) start() {
 	h.t.Helper()
 	h.runs++
+	args := append([]string{"--scope", "cgroup", "--socket-group", ""}, h.args...)
+	if SupportsMetrics(filepath.Join(binDir, "corrald")) {
+		h.metrics = filepath.Join(h.dir, "metrics.sock")
+		os.Remove(h.metrics)
+		args = append(args, "--metrics-listen", "unix:"+h.metrics)
+	}
 	h.d = testd.Start(h.t, testd.Config{
 		Corrald: filepath.Join(binDir, "corrald"),
 		Socket:  h.socket, StateDir: h.state, CgroupBase: h.base,
 		LogPath: filepath.Join(h.dir, fmt.Sprintf("corrald-%d.log", h.runs)),
-		Args:    append([]string{"--scope", "cgroup", "--socket-group", ""}, h.args...),
+		Args:    args,
 	})
 }
 
@@ -118,6 +128,13 @@ func (h *hostEnv) settle(ctx context.Context) {
 	}
 	h.fdBase = prev
 	h.fdBaseList = FDList(h.d.Pid())
+	if h.metrics != "" {
+		n, err := Goroutines(ctx, h.metrics)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.goBase = n
+	}
 }
 
 // leftovers lists, once everything of the drill has ended, what is still
@@ -140,6 +157,14 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 			}
 			if more := FDsAbove(h.d.Pid(), h.fdBaseList, filepath.Join(h.state, store.FileName)); more != "" {
 				left = append(left, more)
+			}
+			if h.metrics != "" {
+				// Connections and followers of the load end asynchronously.
+				if n, err := Goroutines(ctx, h.metrics); err != nil {
+					left = append(left, err.Error())
+				} else if n > h.goBase {
+					left = append(left, fmt.Sprintf("daemon runs %d goroutines, %d before the load", n, h.goBase))
+				}
 			}
 			if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
 				return left

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -139,4 +143,41 @@ func FDsAbove(pid int, base map[string]int, dbPrefix string) string {
 		return ""
 	}
 	return fmt.Sprintf("daemon holds %d fds (%d of the store); more than before the load: %s", n, db, strings.Join(more, ", "))
+}
+
+// Goroutines scrapes go_goroutines from the daemon's Prometheus endpoint
+// on the unix socket sock (corrald --metrics-listen unix:PATH).
+func Goroutines(ctx context.Context, sock string) (int, error) {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://corrald/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("scrape metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("scrape metrics: %w", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "go_goroutines "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(f), err
+		}
+	}
+	return 0, fmt.Errorf("scrape metrics: no go_goroutines")
+}
+
+// SupportsMetrics reports whether the corrald binary knows --metrics-listen.
+func SupportsMetrics(corrald string) bool {
+	out, _ := exec.Command(corrald, "--help").CombinedOutput()
+	return strings.Contains(string(out), "--metrics-listen")
 }

@@ -28,6 +28,9 @@ const (
 	socket   = "/run/corral/corrald.sock"
 	stateDir = "/run/corral-drill-state" // tmpfs inside the harness
 	binEnv   = "CORRAL_DRILL_BINDIR"
+	// metricsSock is corrald's --metrics-listen socket, when it has one:
+	// the drill reads the daemon's goroutine count from it.
+	metricsSock = "/run/corral-drill-metrics.sock"
 )
 
 func TestMain(m *testing.M) {
@@ -84,7 +87,11 @@ func setup(t *testing.T) {
 	if err := os.MkdirAll(dropin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	override := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --state-dir %s --kill-wait 3s\nReadWritePaths=%s\n", bin, stateDir, stateDir)
+	extra := ""
+	if drill.SupportsMetrics(bin) {
+		extra = " --metrics-listen unix:" + metricsSock
+	}
+	override := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --state-dir %s --kill-wait 3s%s\nReadWritePaths=%s\n", bin, stateDir, extra, stateDir)
 	if err := os.WriteFile(filepath.Join(dropin, "drill.conf"), []byte(override), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +119,7 @@ type env struct {
 	t      *testing.T
 	run    string
 	fdBase map[string]int
+	goBase int // -1: the daemon has no metrics endpoint
 }
 
 func (e *env) settle(ctx context.Context) {
@@ -129,6 +137,14 @@ func (e *env) settle(ctx context.Context) {
 	}
 	time.Sleep(time.Second) // the warm pool refills
 	e.fdBase = drill.FDList(mainPID(e.t))
+	e.goBase = -1
+	if _, err := os.Stat(metricsSock); err == nil {
+		n, err := drill.Goroutines(ctx, metricsSock)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.goBase = n
+	}
 }
 
 // leftovers: corral-<id>.scope units (pool scopes are the daemon's own),
@@ -153,6 +169,13 @@ func (e *env) leftovers(ctx context.Context) []string {
 		if pid := mainPID(e.t); pid > 0 {
 			if more := drill.FDsAbove(pid, e.fdBase, filepath.Join(stateDir, store.FileName)); more != "" {
 				left = append(left, more)
+			}
+		}
+		if e.goBase >= 0 {
+			if n, err := drill.Goroutines(ctx, metricsSock); err != nil {
+				left = append(left, err.Error())
+			} else if n > e.goBase {
+				left = append(left, fmt.Sprintf("daemon runs %d goroutines, %d before the load", n, e.goBase))
 			}
 		}
 		if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
