@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -235,12 +234,8 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 		bad("%s", pr)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	t0 := time.Now()
 	rec, err := c.Wait(wctx, api.WaitParams{ID: e.ID})
 	cancel()
-	if os.Getenv("DRILL_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "check %s %s: %v %v %v\n", e.ID, e.Kind, time.Since(t0), rec.State, err)
-	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		// exec.wait hung: take the record as it is.
 		gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
