@@ -144,6 +144,11 @@ func TestCompletionZshFish(t *testing.T) {
 	if out, err := exec.Command("zsh", "-n", z).CombinedOutput(); err != nil {
 		t.Errorf("zsh -n: %v\n%s", err, out)
 	}
+	// Loaded after compinit, it registers itself for corralctl.
+	out, err := exec.Command("zsh", "-fc", `autoload -U compinit && compinit -u -D && source "$1" && print -r -- ${_comps[corralctl]}`, "zsh", z).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "_corralctl" {
+		t.Errorf("zsh: _comps[corralctl] = %q, %v; want _corralctl", out, err)
+	}
 	fi := writeCompletion(t, "fish")
 	if out, err := exec.Command("fish", "--no-execute", fi).CombinedOutput(); err != nil {
 		t.Errorf("fish --no-execute: %v\n%s", err, out)
