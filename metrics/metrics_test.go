@@ -4,6 +4,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/reactor"
 )
 
 // TestListenLoopbackOnly: metrics listen on loopback or a Unix socket,
@@ -39,5 +43,60 @@ func TestListenLoopbackOnly(t *testing.T) {
 		} else if !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Listen(%q) = %v, want one saying %q", tt.addr, err, tt.want)
 		}
+	}
+}
+
+// TestFamilies: the registry gathers every family the protocol names, the
+// gauge and the dropped-spans counter read their sources at scrape time,
+// and a transition to cleaned counts its outcome.
+func TestFamilies(t *testing.T) {
+	running, dropped := 3, int64(8)
+	m := New(Options{Running: func() int { return running }, SpansDropped: func() int64 { return dropped }})
+	now := time.Now()
+	later := now.Add(time.Second)
+	out := api.OutcomeTimeout
+	m.Transition(reactor.Transition{Record: &api.Record{State: api.StateStarted, CreatedAt: now}})
+	m.Transition(reactor.Transition{From: api.StateExited, Record: &api.Record{State: api.StateCleaned, CreatedAt: now, ExitedAt: &now, CleanedAt: &later, Outcome: &out}})
+	m.Output("stderr", 5)
+	m.StoreCommit(time.Millisecond, true)
+	m.StoreCommit(time.Millisecond, false)
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		for _, mm := range f.Metric {
+			key := f.GetName()
+			for _, l := range mm.Label {
+				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
+			}
+			switch {
+			case mm.Counter != nil:
+				got[key] = mm.Counter.GetValue()
+			case mm.Gauge != nil:
+				got[key] = mm.Gauge.GetValue()
+			case mm.Histogram != nil:
+				got[key] = float64(mm.Histogram.GetSampleCount())
+			}
+		}
+	}
+	for key, want := range map[string]float64{
+		"corral_executions_started_total":                   1,
+		"corral_executions_finished_total{outcome=timeout}": 1,
+		"corral_executions_finished_total{outcome=exited}":  0,
+		"corral_executions_running":                         3,
+		"corral_exec_phase_seconds{phase=cleanup}":          1,
+		"corral_output_bytes_total{stream=stderr}":          5,
+		"corral_store_commit_seconds":                       1,
+		"corral_store_commit_failures_total":                1,
+		"corral_trace_spans_dropped_total":                  8,
+	} {
+		if v, ok := got[key]; !ok || v != want {
+			t.Errorf("%s = %v (present %t), want %v", key, v, ok, want)
+		}
+	}
+	if _, ok := got["go_goroutines"]; !ok {
+		t.Error("no Go runtime collector")
 	}
 }
