@@ -10,8 +10,11 @@ import (
 	"os"
 	"time"
 
-	"github.com/corral-dev/corral/api"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/eventloop"
+	"github.com/corral-dev/corral/scope"
 )
 
 // signalTree sends sig to every process of e's tree, off the loop (the
@@ -59,24 +62,48 @@ func (r *Reactor) killTree(e *execution) {
 // startCleanup kills what is left of the tree and waits, bounded, until the
 // scope is empty and the pipes are closed; then removes the scope and the
 // workspace off the loop and moves to cleaned.
+//
+// The scope is looked at once right away, then polled after 1, 2, 4 ...
+// 50 ms and, while it is populated and where the kernel announces its
+// emptiness (scope.EmptyNotifier: cgroup.events), also watched in the
+// loop's epoll set, as the pidfds are; the first to see it empty wins.
+// Both, because the kernel delays a cgroup.events notification to 10 ms
+// after the previous one (cgroup_file_notify's rate limit): a short-lived
+// scope, whose "populated 1" was just announced, is seen empty sooner by
+// the poll (measured: a background child killed at cleanup, exited ->
+// cleaned 7.5 ms p50 polled from 2 ms, 14.9 ms watched alone), while a tree
+// that takes long to die is seen at once by the watch instead of at the
+// next, up to 50 ms, tick.
 func (r *Reactor) startCleanup(e *execution) {
 	if e.sc == nil {
 		r.finishCleanup(e, "")
 		return
 	}
 	r.killTree(e)
+	// Most trees are gone with their main process: look once right away,
+	// and watch only a scope that is still populated.
+	if empty, err := e.sc.Empty(); err == nil && empty {
+		r.scopeEmptied(e)
+		if e.cleaning {
+			return
+		}
+	} else {
+		r.watchEmpty(e)
+	}
 	deadline := time.Now().Add(r.cfg.KillWait)
-	interval := 2 * time.Millisecond
+	interval := time.Millisecond
 	var poll func()
 	poll = func() {
 		e.reap = nil
-		empty, err := e.sc.Empty()
-		if err != nil {
-			r.log.Warn().Err(err).Str("exec_id", e.id).Msg("check scope empty")
+		empty := e.scopeEmpty
+		if !empty {
+			var err error
+			if empty, err = e.sc.Empty(); err != nil {
+				r.log.Warn().Err(err).Str("exec_id", e.id).Msg("check scope empty")
+			}
 		}
 		if empty {
-			e.scopeEmpty = true
-			r.maybeFinishCleanup(e)
+			r.scopeEmptied(e)
 			if e.state == api.StateCleaned || e.cleaning {
 				return
 			}
@@ -87,10 +114,60 @@ func (r *Reactor) startCleanup(e *execution) {
 			r.forceCleanup(e, empty)
 			return
 		}
-		interval = min(interval*2, 50*time.Millisecond)
 		e.reap = r.loop.AfterFunc(interval, poll)
+		interval = min(interval*2, 50*time.Millisecond)
 	}
-	e.reap = r.loop.AfterFunc(0, poll)
+	e.reap = r.loop.AfterFunc(interval, poll)
+	interval *= 2
+}
+
+// scopeEmptied records that e's scope was seen empty and finishes the
+// cleanup if the pipes are closed too.
+func (r *Reactor) scopeEmptied(e *execution) {
+	r.unwatchEmpty(e)
+	e.scopeEmpty = true
+	r.maybeFinishCleanup(e)
+}
+
+// watchEmpty puts e's scope's cgroup.events in the epoll set, where the
+// scope can tell its emptiness (see startCleanup). Without it the poll
+// alone decides.
+func (r *Reactor) watchEmpty(e *execution) {
+	n, ok := e.sc.(scope.EmptyNotifier)
+	if !ok {
+		return
+	}
+	w, err := n.WatchEmpty()
+	if err != nil {
+		r.log.Debug().Err(err).Str("exec_id", e.id).Msg("watch scope empty; polling only")
+		return
+	}
+	if err := r.loop.Add(w.FD(), eventloop.Priority|eventloop.Error, func(eventloop.Events) {
+		empty, err := w.Empty()
+		if err != nil {
+			r.log.Warn().Err(err).Str("exec_id", e.id).Msg("check scope empty")
+		}
+		if empty && e.state == api.StateExited && !e.cleaning {
+			r.scopeEmptied(e)
+		}
+	}); err != nil {
+		w.Close()
+		r.log.Debug().Err(err).Str("exec_id", e.id).Msg("watch scope empty; polling only")
+		return
+	}
+	e.emptyWatch = w
+}
+
+// unwatchEmpty takes e's cgroup.events out of the epoll set and closes it.
+func (r *Reactor) unwatchEmpty(e *execution) {
+	if e.emptyWatch == nil {
+		return
+	}
+	if err := r.loop.Remove(e.emptyWatch.FD()); err != nil {
+		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("unwatch scope empty")
+	}
+	e.emptyWatch.Close()
+	e.emptyWatch = nil
 }
 
 // maybeFinishCleanup finishes once the scope is empty and both output pipes
@@ -133,6 +210,7 @@ func (r *Reactor) finishCleanup(e *execution, leftover string) {
 		return
 	}
 	e.cleaning = true
+	r.unwatchEmpty(e)
 	for _, s := range e.streams {
 		if s != nil {
 			r.closeStream(e, s)

@@ -61,7 +61,8 @@ type execution struct {
 	lastOutput                              time.Time        // last output byte, for the idle limit
 	idleArms                                int              // times the idle timer was armed (a test checks it stays per period, not per chunk)
 	scopeEmpty                              bool
-	cleaning                                bool // remove/delete running off-loop
+	emptyWatch                              scope.EmptyWatch // cgroup.events in the epoll set during cleanup (cleanup.go), or nil
+	cleaning                                bool             // remove/delete running off-loop
 
 	waiters   map[chan api.Record]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}

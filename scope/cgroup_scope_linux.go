@@ -30,7 +30,12 @@ type cgroupScope struct {
 var (
 	_ Scope         = (*cgroupScope)(nil)
 	_ LimitReporter = (*cgroupScope)(nil)
+	_ EmptyNotifier = (*cgroupScope)(nil)
 )
+
+// WatchEmpty opens the scope's cgroup.events for epoll (see
+// cgroupv2.EmptyEvents).
+func (s *cgroupScope) WatchEmpty() (EmptyWatch, error) { return s.cg.OpenEmptyEvents() }
 
 func (s *cgroupScope) Name() string { return s.name }
 

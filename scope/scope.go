@@ -144,5 +144,23 @@ type Limiter interface {
 	SetLimits(ctx context.Context, l Limits) error
 }
 
+// EmptyNotifier is implemented by scopes whose emptiness the kernel
+// announces (a cgroup2 cgroup.events), so the caller can wait for it in its
+// epoll set instead of polling Empty.
+type EmptyNotifier interface {
+	// WatchEmpty returns a descriptor that polls with EPOLLPRI once right
+	// away and whenever the scope may have become empty; its Empty
+	// re-arms it and answers as Scope.Empty does. The caller closes it.
+	// Cheap: no blocking call, so the loop goroutine may use it.
+	WatchEmpty() (EmptyWatch, error)
+}
+
+// EmptyWatch is the descriptor of EmptyNotifier.WatchEmpty.
+type EmptyWatch interface {
+	FD() int
+	Empty() (bool, error)
+	Close() error
+}
+
 // ErrUnsupported is returned by a backend that cannot run on this host.
 var ErrUnsupported = errors.New("scope backend not supported on this host")

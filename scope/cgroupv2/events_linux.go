@@ -122,3 +122,56 @@ func (w *Watcher) Close() error {
 	<-w.done
 	return err
 }
+
+// EmptyEvents is d's cgroup.events opened for epoll: the descriptor polls
+// with EPOLLPRI (and EPOLLERR) once after the open and whenever the file
+// changes ("populated" or "frozen" flipped), until Empty re-reads it. Unlike
+// an inotify instance it costs nothing to close. The caller owns the
+// descriptor and closes it with Close.
+type EmptyEvents struct {
+	fd  int
+	dir Dir
+}
+
+// OpenEmptyEvents opens d's cgroup.events for epoll. A removed cgroup is
+// an error satisfying Gone.
+func (d Dir) OpenEmptyEvents() (*EmptyEvents, error) {
+	p := filepath.Join(string(d), "cgroup.events")
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", p, os.NewSyscallError("open", err))
+	}
+	return &EmptyEvents{fd: fd, dir: d}, nil
+}
+
+// FD is the descriptor to poll for EPOLLPRI.
+func (ev *EmptyEvents) FD() int { return ev.fd }
+
+// Empty re-reads cgroup.events through the descriptor, which re-arms it,
+// and reports whether no process is left in the cgroup or its children. A
+// cgroup removed meanwhile is empty.
+func (ev *EmptyEvents) Empty() (bool, error) {
+	var buf [256]byte
+	n, err := unix.Pread(ev.fd, buf[:], 0)
+	if err != nil {
+		if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) {
+			return true, nil
+		}
+		return false, fmt.Errorf("read cgroup.events of %s: %w", ev.dir, os.NewSyscallError("pread", err))
+	}
+	v, ok := Keyed(buf[:n], "populated")
+	if !ok {
+		return false, fmt.Errorf("read cgroup.events of %s: no populated key", ev.dir)
+	}
+	return v == 0, nil
+}
+
+// Close closes the descriptor. Idempotent.
+func (ev *EmptyEvents) Close() error {
+	if ev.fd < 0 {
+		return nil
+	}
+	err := unix.Close(ev.fd)
+	ev.fd = -1
+	return err
+}
