@@ -158,7 +158,8 @@ func systemdLoad(ctx context.Context, socks map[string]string, c *ipc.Client) (m
 				return fmt.Errorf("exec.wait: %w", err)
 			}
 			if rec.ExitCode == nil || *rec.ExitCode != 0 {
-				return fmt.Errorf("/bin/true did not exit 0 (state %s)", rec.State)
+				b, _ := json.Marshal(rec)
+				return fmt.Errorf("/bin/true did not exit 0: %s", b)
 			}
 			return nil
 		}
