@@ -22,9 +22,14 @@ import (
 // the binary on disk, same pid, without systemd: each ends with its real
 // exit code, its output whole, adopted once; no connection attempt is
 // refused meanwhile; daemon.info reports the adoption.
-func TestHandoverUnderCgroupBackend(t *testing.T) {
+func TestHandoverUnderCgroupBackend(t *testing.T) { testHandover(t, "cgroup") }
+
+// TestHandoverUnderPgroupBackend: the same with process groups.
+func TestHandoverUnderPgroupBackend(t *testing.T) { testHandover(t, "pgroup") }
+
+func testHandover(t *testing.T, backend string) {
 	e := newEnv(t, "")
-	d := e.start()
+	d := e.start("--scope", backend)
 	c := d.Client()
 	before, err := c.Info(ctx(t))
 	if err != nil {
@@ -146,8 +151,14 @@ func TestHandoverExecFailureCarriesOn(t *testing.T) {
 // fd store, so a kill -9 of corrald ends a running execution lost, with an
 // error that says so, and its tree killed.
 func TestCrashWithoutFdStoreIsLost(t *testing.T) {
+	for _, backend := range []string{"cgroup", "pgroup"} {
+		t.Run(backend, func(t *testing.T) { testCrashLost(t, backend) })
+	}
+}
+
+func testCrashLost(t *testing.T, backend string) {
 	e := newEnv(t, "")
-	d := e.start()
+	d := e.start("--scope", backend)
 	c := d.Client()
 	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 600000})
 	if err != nil {
@@ -155,7 +166,7 @@ func TestCrashWithoutFdStoreIsLost(t *testing.T) {
 	}
 	p := watch(t, rec.PID)
 	d.kill9()
-	c = e.start().Client()
+	c = e.start("--scope", backend).Client()
 	got, err := c.Get(ctx(t), rec.ID)
 	if err != nil {
 		t.Fatal(err)

@@ -622,3 +622,46 @@ func TestNoPidfdExitInfoIsLost(t *testing.T) {
 		t.Errorf("adopted then cancelled: outcome %s error %q, %v; want cancelled", outcome(rec), strOr(rec.Error), err)
 	}
 }
+
+// TestSecondDaemonOnTheSlice: a second corrald with another state directory
+// but the same slice refuses to start, and leaves the first one's
+// executions and scopes alone.
+func TestSecondDaemonOnTheSlice(t *testing.T) {
+	setup(t)
+	c := dial(t)
+	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 120000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
+	other := t.TempDir()
+	out, err := exec.Command(bin, "--scope", "systemd", "--state-dir", filepath.Join(other, "state"),
+		"--socket", filepath.Join(other, "s.sock"), "--config", "/dev/null", "--log-format", "json").CombinedOutput()
+	if err == nil {
+		t.Fatalf("a second corrald on corral.slice started:\n%s", out)
+	}
+	if !strings.Contains(string(out), "corral.slice") || !strings.Contains(string(out), "in use by another corrald") {
+		t.Errorf("second corrald's error does not name the slice in use:\n%s", testTail(string(out), 2000))
+	}
+	got, err := c.Get(ctx(t), rec.ID)
+	if err != nil || got.State != api.StateRunning {
+		t.Errorf("the first daemon's execution after the second one: %v, %v; want running", got.State, err)
+	}
+	out2, _ := exec.Command("systemctl", "show", "-p", "ActiveState", "--value", rec.Scope).Output()
+	if strings.TrimSpace(string(out2)) != "active" {
+		t.Errorf("scope %s is %q after the second corrald, want active", rec.Scope, out2)
+	}
+	if _, err := c.Cancel(ctx(t), api.CancelParams{ID: rec.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctx(t), api.WaitParams{ID: rec.ID}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testTail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
