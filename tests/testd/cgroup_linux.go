@@ -1,7 +1,7 @@
 package testd
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
 )
 
 // baseSeq numbers the cgroup bases of this process.
@@ -69,35 +71,16 @@ func cgroupBase(t testing.TB, root, prefix string, strict bool) string {
 }
 
 // RemoveCgroupTree kills every process in the cgroup dir and below it
-// (cgroup.kill) and removes dir and its descendants, waiting up to 5s for
-// each to empty. A missing dir is fine.
+// (cgroup.kill), waits up to 5s for it to empty and removes dir and its
+// descendants: scope/cgroupv2's Destroy, as corrald's leftover sweep does.
+// A missing dir is fine.
 func RemoveCgroupTree(dir string) error {
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	ents, err := os.ReadDir(dir)
-	if err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := cgroupv2.Dir(dir).Destroy(ctx); err != nil {
 		return fmt.Errorf("remove cgroup tree: %w", err)
 	}
-	for _, ent := range ents {
-		if ent.IsDir() {
-			if err := RemoveCgroupTree(filepath.Join(dir, ent.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := unix.Rmdir(dir)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("rmdir %s: %w", dir, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return nil
 }
 
 // CgroupChildren lists the names of the cgroups directly below dir (none
