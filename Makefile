@@ -74,10 +74,12 @@ fuzz:
 # per fault); this is the full one. The report is written even when a
 # drill fails; the target then fails too.
 DRILL_CLIENTS ?= 64
+# More flags for the drill tests, e.g. DRILL_ARGS='-drill.faults kill-9,emfile -drill.phase 30s'.
+DRILL_ARGS ?=
 drill: build
 	rm -rf $(BIN)/drill && mkdir -p $(BIN)/drill
 	CGO_ENABLED=1 $(GO) test -count=1 -p 1 -timeout 90m -v ./tests/drill/... \
-		-args -drill.full -drill.clients $(DRILL_CLIENTS) -drill.report $(CURDIR)/$(BIN)/drill; \
+		-args -drill.full -drill.clients $(DRILL_CLIENTS) -drill.report $(CURDIR)/$(BIN)/drill $(DRILL_ARGS); \
 	status=$$?; sh tests/drill/report.sh $(BIN)/drill > docs/drills.md; cat docs/drills.md; exit $$status
 
 bench: build

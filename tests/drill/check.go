@@ -281,6 +281,9 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 			row.UnexpectedLost++
 			bad("outcome lost (%s), where the daemon reports it survives this fault", strOr(rec.Error))
 		}
+		if strOr(rec.Error) == "" {
+			bad("outcome lost without an error saying why")
+		}
 		return
 	}
 	if got != e.Want && ch.Tolerate != nil && ch.Tolerate(rec) {
@@ -296,6 +299,11 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 	}
 	if e.Want == api.OutcomeTimeout && e.TimeoutMS > 0 && rec.DurationMS < e.TimeoutMS-5 {
 		bad("timed out after %dms, before its timeout_ms %d", rec.DurationMS, e.TimeoutMS)
+	}
+	// A wall-clock deadline would fire minutes late after a step back;
+	// a minute covers grace, kill wait and a loaded host.
+	if e.Want == api.OutcomeTimeout && e.TimeoutMS > 0 && rec.DurationMS > e.TimeoutMS+60000 {
+		bad("timed out after %dms, a minute past its timeout_ms %d", rec.DurationMS, e.TimeoutMS)
 	}
 	if e.OutputUncertain {
 		row.Unchecked++
