@@ -254,11 +254,13 @@ func ttyNote(cfg Config) string {
 
 func drillLoadOnly(t *testing.T, cfg Config, tm Timing) Row {
 	h := startHost(t, &cfg, "")
-	return phase(t, h, cfg, tm, "load-only", Fault{
+	row := phase(t, h, cfg, tm, "load-only", Fault{
 		Inject: func(context.Context, *Phase) string {
 			return "no fault: the same load, as a reference; " + ttyNote(cfg)
 		},
 	})
+	row.Recovery = 0 // nothing to recover from
+	return row
 }
 
 func drillKill9(t *testing.T, cfg Config, tm Timing) Row {
