@@ -110,13 +110,31 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-	r, err := newReactor(c, host, backend, st, ln, checks, obs.observer(), sv, log)
+	d := &corrald{c: c, log: log, host: host, checks: checks, sv: sv, st: st, backend: backend,
+		obs: obs, ln: ln, activated: activated, hup: hup}
+	r, err := d.newReactor()
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	obs.serveMetrics(r, log)
-	return serve(ctx, c, r, ln, activated, host, backend, hup, obs, log)
+	return d.serve(ctx, r)
+}
+
+// corrald is what run's steps made, for the last two: the reactor is built
+// from it and serve runs with it. Owned by run's goroutine.
+type corrald struct {
+	c         *config
+	log       zerolog.Logger
+	host      scope.Host
+	checks    map[string]string // daemon.info's checks
+	sv        *survival
+	st        store.Store
+	backend   scope.Backend
+	obs       *observability
+	ln        *net.UnixListener
+	activated bool             // ln came from systemd's socket activation
+	hup       <-chan os.Signal // SIGHUP: hand over to a new image
 }
 
 // setNoNewPrivs sets no_new_privs on the daemon, so children inherit it and
@@ -242,7 +260,8 @@ func recoverExecutions(st store.Store, host scope.Host, stateDir string, sv *sur
 
 // newReactor configures the reactor from the flags and what the earlier
 // steps made. reactor.New's errors carry their own context.
-func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Store, ln *net.UnixListener, checks map[string]string, obs reactor.Observer, sv *survival, log zerolog.Logger) (*reactor.Reactor, error) {
+func (d *corrald) newReactor() (*reactor.Reactor, error) {
+	c, host, ln, sv := d.c, d.host, d.ln, d.sv
 	socketGID := int64(-1)
 	if fi, err := os.Stat(ln.Addr().String()); err == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Gid != 0 {
@@ -250,8 +269,8 @@ func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Stor
 		}
 	}
 	return reactor.New(reactor.Config{
-		Backend: backend,
-		Log:     log,
+		Backend: d.backend,
+		Log:     d.log,
 		Defaults: api.Defaults{
 			TimeoutMS: c.defTimeout.Milliseconds(), GraceMS: c.defGrace.Milliseconds(),
 			TasksMax: c.defTasks, OutputLimitBytes: c.defOutput,
@@ -264,13 +283,13 @@ func newReactor(c *config, host scope.Host, backend scope.Backend, st store.Stor
 		MaxRunning:     c.maxRunning,
 		MaxPerUID:      c.maxPerUID,
 		Subreaper:      true,
-		Store:          st,
-		Observer:       obs,
-		PoolSize:       poolSize(c.poolSize, backend),
+		Store:          d.st,
+		Observer:       d.obs.observer(),
+		PoolSize:       poolSize(c.poolSize, d.backend),
 		SocketGID:      socketGID,
 		Info: api.Info{
 			Version: version, Pidfd: host.Pidfd, Cgroup: host.CgroupMode, Kernel: host.Kernel,
-			Socket: ln.Addr().String(), StateDir: c.stateDir, Checks: checks,
+			Socket: ln.Addr().String(), StateDir: c.stateDir, Checks: d.checks,
 			Survival: &sv.info,
 		},
 		FdStore:         fdStore(sv),
@@ -290,7 +309,8 @@ func fdStore(sv *survival) reactor.FdStore {
 // serve runs the reactor's loop and the socket server, tells systemd it is
 // ready, and waits for ctx to end (SIGTERM), the server to stop or the loop
 // to fail; then it shuts down.
-func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListener, activated bool, host scope.Host, backend scope.Backend, hup <-chan os.Signal, obs *observability, log zerolog.Logger) error {
+func (d *corrald) serve(ctx context.Context, r *reactor.Reactor) error {
+	c, ln, activated, log := d.c, d.ln, d.activated, d.log
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	defer stopLoop()
 	loopDone := make(chan error, 1)
@@ -321,17 +341,17 @@ func serve(ctx context.Context, c *config, r *reactor.Reactor, ln *net.UnixListe
 	scancel()
 	systemd.Ready()
 	log.Info().Str("event", "ready").Str("socket", ln.Addr().String()).Bool("socket_activated", activated).
-		Str("backend", backend.Name()).Str("cgroup", host.CgroupMode).Bool("pidfd", host.Pidfd && !c.noPidfd).
-		Str("kernel", host.Kernel).Str("version", version).Msg("corrald ready")
+		Str("backend", d.backend.Name()).Str("cgroup", d.host.CgroupMode).Bool("pidfd", d.host.Pidfd && !c.noPidfd).
+		Str("kernel", d.host.Kernel).Str("version", version).Msg("corrald ready")
 
 wait:
 	for {
 		select {
 		case <-ctx.Done():
 			break wait
-		case <-hup:
+		case <-d.hup:
 			// The traces queued in this image would die with it.
-			obs.flush(log)
+			d.obs.flush(log)
 			// Returns only if the exec failed: the old image carries on.
 			if err := handover(c, r, ln, activated, log); err != nil {
 				log.Error().Err(err).Str("event", "handover_failed").Msg("handover failed; this corrald carries on")
