@@ -199,6 +199,7 @@ func TestDrillHost(t *testing.T) {
 		{"load-only", drillLoadOnly},
 		{"kill-9", drillKill9},
 		{"state-fs-full", drillFSFull},
+		{"reload", drillReload},
 		{"emfile", drillEMFILE},
 		{"sigstop-tree", drillSIGSTOP},
 		{"held-pipe", drillHeldPipe},
@@ -290,6 +291,42 @@ func drillKill9(t *testing.T, cfg Config, tm Timing) Row {
 			}
 			h.start()
 			return note
+		},
+	})
+}
+
+// drillReload sends SIGHUP, what `systemctl reload corrald` does: a
+// daemon that reports survival.handover re-executes in place and hands
+// every execution over; none may end lost.
+func drillReload(t *testing.T, cfg Config, tm Timing) Row {
+	h := startHost(t, &cfg, "")
+	c, err := DialRetry(context.Background(), h.socket, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	surv, err := DaemonSurvival(context.Background(), c)
+	c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !surv.Handover {
+		return Row{Fault: "reload", Skipped: "daemon.info reports survival.handover false"}
+	}
+	return phase(t, h, cfg, tm, "reload", Fault{
+		Inject: func(ctx context.Context, ph *Phase) string {
+			if err := h.d.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			ph.MarkRecoverFrom()
+			return "SIGHUP to corrald under load (what systemctl reload sends): handover to the binary on disk, same pid; " +
+				"daemon.info reports survival.handover true, so none may end lost; calls in flight may answer -32005"
+		},
+		AllowRefused: func(code api.Code, msg string) bool { return code == api.CodeShuttingDown },
+		After: func(ctx context.Context) []string {
+			if h.d.Exited() {
+				return []string{fmt.Sprintf("corrald exited after SIGHUP: %v", h.d.WaitErr())}
+			}
+			return nil
 		},
 	})
 }
