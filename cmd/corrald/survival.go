@@ -89,9 +89,10 @@ func takeSurvival(ctx context.Context, c *config, log zerolog.Logger) *survival 
 		log.Error().Err(err).Msg("handover: state of the previous image")
 	}
 	sv.fromHandover = fromHandover
-	sv.info.Handover = !c.noPidfd
+	// Survival needs pidfds and durable records to match the fds to.
+	sv.info.Handover = !c.noPidfd && c.storeKind != "memory"
 	sv.info.PidfdExitInfo = !c.noPidfdExitInfo && reactor.ProbePidfdExitInfo()
-	if !c.noFdStore && !c.noPidfd {
+	if !c.noFdStore && sv.info.Handover {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		n, err := systemd.FdStoreCapacity(cctx)
 		cancel()
@@ -220,6 +221,11 @@ func (sdFdStore) Remove(name string) error {
 // fails, the old image carries on and the error is returned; on success it
 // does not return.
 func handover(c *config, r *reactor.Reactor, ln *net.UnixListener, activated bool, log zerolog.Logger) error {
+	if c.noPidfd || c.storeKind == "memory" {
+		// Without pidfds, or records to match them to, nothing could be
+		// taken over: a reload changes nothing then.
+		return errors.New("handover: unavailable under --no-pidfd or --store memory; not reloading")
+	}
 	systemd.Reloading()
 	defer systemd.Ready() // reached only when the old image carries on
 	exe, err := os.Executable()
