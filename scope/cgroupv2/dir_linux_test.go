@@ -135,3 +135,33 @@ func TestRemoveTreeMissing(t *testing.T) {
 		t.Errorf("RemoveTree(missing) = %v, want nil", err)
 	}
 }
+
+// TestThreads counts cgroup.threads of a cgroup and of its children; a
+// cgroup whose cgroup.stat says it has no descendants is not walked.
+func TestThreads(t *testing.T) {
+	leaf := t.TempDir()
+	writeFiles(t, leaf, map[string]string{
+		"cgroup.stat":    "nr_descendants 0\nnr_dying_descendants 0\n",
+		"cgroup.threads": "10\n11\n",
+	})
+	// A directory that would be counted if the leaf were walked.
+	writeFiles(t, filepath.Join(leaf, "stray"), map[string]string{"cgroup.threads": "12\n"})
+	if n, err := Dir(leaf).Threads(); err != nil || n != 2 {
+		t.Errorf("Threads of a leaf = %d, %v; want 2", n, err)
+	}
+	parent := t.TempDir()
+	writeFiles(t, parent, map[string]string{
+		"cgroup.stat":    "nr_descendants 1\nnr_dying_descendants 0\n",
+		"cgroup.threads": "20\n",
+	})
+	writeFiles(t, filepath.Join(parent, "child"), map[string]string{"cgroup.threads": "21\n22\n"})
+	if n, err := Dir(parent).Threads(); err != nil || n != 3 {
+		t.Errorf("Threads of a parent = %d, %v; want 3", n, err)
+	}
+	noStat := t.TempDir() // an older kernel's layout: walked
+	writeFiles(t, noStat, map[string]string{"cgroup.threads": "30\n"})
+	writeFiles(t, filepath.Join(noStat, "child"), map[string]string{"cgroup.threads": "31\n"})
+	if n, err := Dir(noStat).Threads(); err != nil || n != 2 {
+		t.Errorf("Threads without cgroup.stat = %d, %v; want 2", n, err)
+	}
+}
