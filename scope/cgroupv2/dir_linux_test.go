@@ -1,9 +1,14 @@
 package cgroupv2
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // writeFiles creates dir/name with content for each entry: a stand-in for a
@@ -163,5 +168,43 @@ func TestThreads(t *testing.T) {
 	writeFiles(t, filepath.Join(noStat, "child"), map[string]string{"cgroup.threads": "31\n"})
 	if n, err := Dir(noStat).Threads(); err != nil || n != 2 {
 		t.Errorf("Threads without cgroup.stat = %d, %v; want 2", n, err)
+	}
+}
+
+// TestRemoveTreeNested removes a real cgroup with a child and a grandchild
+// (root and a writable cgroup2 hierarchy needed), and a childless one.
+func TestRemoveTreeNested(t *testing.T) {
+	var mount string
+	for _, p := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		if IsCgroup2(p) {
+			mount = p
+			break
+		}
+	}
+	testenv.SkipRoot(t, "makes cgroups")
+	if mount == "" {
+		testenv.Skip(t, "no cgroup2 hierarchy")
+	}
+	base := Dir(filepath.Join(mount, fmt.Sprintf("corral-cgroupv2-test-%d", os.Getpid())))
+	deep := base.Child("a").Child("b")
+	if err := os.MkdirAll(string(deep), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.Rmdir(string(deep))
+		_ = unix.Rmdir(string(base.Child("a")))
+		_ = unix.Rmdir(string(base))
+	})
+	if err := base.RemoveTree(); err != nil {
+		t.Fatalf("RemoveTree = %v", err)
+	}
+	if base.Exists() {
+		t.Errorf("%s still there", base)
+	}
+	if err := os.Mkdir(string(base), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := base.RemoveTree(); err != nil || base.Exists() {
+		t.Errorf("RemoveTree of a childless cgroup = %v, exists %v", err, base.Exists())
 	}
 }
