@@ -35,7 +35,12 @@ Bugs the drills found, each fixed with a test beside the code:
   `scope.TestCgroupPrepareOutOfFDsLeavesNoCgroup`;
 - a `kill -9` between `exited` and `cleaned` (no output spool) left a record
   saying exited 0 with none of its output (total_bytes 0):
-  `reactor.TestExitedRecordCarriesKeptOutput`.
+  `reactor.TestExitedRecordCarriesKeptOutput`;
+- a reload (SIGHUP handover) under load could end the daemon: the new image
+  found the state directory locked "by pid <its own pid>" (the old image's
+  lock, still held by a child it was forking at the exec) and exited 1,
+  taking every execution it was handed with it:
+  `store.TestLockHeldUnderOwnPidIsWaitedFor`.
 
 HEAD
 for f in "$1"/*.md; do
