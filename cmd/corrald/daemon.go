@@ -2,27 +2,22 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/signal"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
-	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/reactor"
 	"github.com/corral-dev/corral/scope"
-	"github.com/corral-dev/corral/scope/cgroupv2"
 	"github.com/corral-dev/corral/store"
 	"github.com/corral-dev/corral/systemd"
 )
@@ -135,18 +130,6 @@ type corrald struct {
 	ln        *net.UnixListener
 	activated bool             // ln came from systemd's socket activation
 	hup       <-chan os.Signal // SIGHUP: hand over to a new image
-}
-
-// setNoNewPrivs sets no_new_privs on the daemon, so children inherit it and
-// no setuid binary can raise a child's privileges. It is set on every
-// thread: the flag is per-thread and Go forks from any of them. It returns
-// the daemon.info check: "ok" or why not.
-func setNoNewPrivs(log zerolog.Logger) string {
-	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); errno != 0 {
-		log.Warn().Err(errno).Msg("cannot set no_new_privs on the daemon; children may gain privileges through setuid binaries")
-		return "not set: " + errno.Error()
-	}
-	return "ok"
 }
 
 // openStore creates the state directory and opens the store chosen by
@@ -387,171 +370,4 @@ func shutdown(c *config, r *reactor.Reactor, srv *ipc.Server, log zerolog.Logger
 		log.Error().Err(err).Msg("shutdown")
 	}
 	_ = srv.Shutdown(sctx)
-}
-
-// chooseBackend picks the scope backend: under --scope auto, systemd when it
-// is the service manager, else cgroup v2 when a writable cgroup2 hierarchy
-// exists, else process groups.
-func chooseBackend(ctx context.Context, c *config, host scope.Host, log zerolog.Logger) (scope.Backend, error) {
-	tryCgroup := func() (scope.Backend, error) {
-		return scope.NewCgroup(scope.CgroupOptions{Base: c.cgroupBase, Log: log})
-	}
-	trySystemd := func() (scope.Backend, error) {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return scope.NewSystemd(cctx, scope.SystemdOptions{Slice: c.slice, Log: log})
-	}
-	switch c.scope {
-	case "systemd":
-		return trySystemd()
-	case "cgroup":
-		return tryCgroup()
-	case "pgroup":
-		return scope.NewPgroup(), nil
-	case "auto":
-		if host.SystemdPID1 {
-			b, err := trySystemd()
-			if err == nil {
-				return b, nil
-			}
-			log.Warn().Err(err).Msg("systemd backend unavailable; trying cgroup v2")
-		}
-		if host.Cgroup2Mount != "" {
-			b, err := tryCgroup()
-			if err == nil {
-				return b, nil
-			}
-			log.Warn().Err(err).Msg("cgroup backend unavailable; falling back to process groups (descendants that setsid can escape)")
-		}
-		return scope.NewPgroup(), nil
-	}
-	return nil, fmt.Errorf("--scope %q: want auto, systemd, cgroup or pgroup", c.scope)
-}
-
-// listen returns the socket-activated listener if systemd passed one, else
-// creates the socket with the configured mode and group.
-func listen(c *config, sv *survival, log zerolog.Logger) (*net.UnixListener, bool, error) {
-	socks := sv.passed.Sockets
-	sv.passed.Sockets = nil
-	// A handover passes the socket this daemon created itself under
-	// ListenerName: not socket-activated, but already listening.
-	own := len(socks) > 0 && socks[0].Name() == systemd.ListenerName
-	lns, err := systemd.ListenersFrom(socks)
-	if err != nil {
-		return nil, false, fmt.Errorf("socket activation: %w", err)
-	}
-	if len(lns) > 0 {
-		for _, extra := range lns[1:] {
-			extra.Close()
-		}
-		return lns[0], !own, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(c.socket), 0o755); err != nil {
-		return nil, false, fmt.Errorf("socket directory: %w", err)
-	}
-	if err := removeStaleSocket(c.socket); err != nil {
-		return nil, false, err
-	}
-	// Create it with no permissions, then open it up: no window in which a
-	// stranger could connect.
-	old := unix.Umask(0o777)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: c.socket, Net: "unix"})
-	unix.Umask(old)
-	if err != nil {
-		return nil, false, err // "listen unix PATH: bind: ...", from net
-	}
-	ln.SetUnlinkOnClose(false)
-	gid := -1
-	if c.socketGroup != "" {
-		if g, err := user.LookupGroup(c.socketGroup); err == nil {
-			gid, _ = strconv.Atoi(g.Gid)
-		} else {
-			log.Warn().Str("group", c.socketGroup).Msg("socket group does not exist; only root can use the socket")
-		}
-	}
-	if err := os.Chown(c.socket, -1, gid); err != nil {
-		ln.Close()
-		return nil, false, fmt.Errorf("socket: %w", err)
-	}
-	if err := os.Chmod(c.socket, os.FileMode(c.socketMode)); err != nil {
-		ln.Close()
-		return nil, false, fmt.Errorf("socket: %w", err)
-	}
-	return ln, false, nil
-}
-
-// removeStaleSocket removes a socket left by a dead daemon, and refuses to
-// start if a live daemon answers on it.
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("socket: %w", err)
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("socket %s: exists and is not a socket", path)
-	}
-	if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		conn.Close()
-		return fmt.Errorf("socket %s: another corrald is listening", path)
-	}
-	return os.Remove(path)
-}
-
-// killLeftoverCgroup kills and removes a cgroup v2 scope left by an earlier
-// run under a cgroup base other than this run's (the leftover cleaner covers
-// its own base and every corral-*.scope unit), waiting up to 5s for it to
-// empty. scope is the record's cgroup path relative to the cgroup2 root;
-// other scope kinds are left to the leftover cleaner.
-func killLeftoverCgroup(host scope.Host, name string) error {
-	if !strings.HasPrefix(name, "/") || host.Cgroup2Mount == "" || strings.Contains(name, "..") {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := cgroupv2.Dir(filepath.Join(host.Cgroup2Mount, name)).Destroy(ctx); err != nil {
-		return fmt.Errorf("remove leftover cgroup %s: %w", name, err)
-	}
-	return nil
-}
-
-// poolSize resolves --pool-size -1. Under a backend that places a child
-// only after it started (PlaceHeld: systemd) every command starts in a
-// shim held until its scope exists, a D-Bus round trip and a job: 4
-// shims wait. Under the cgroup and pgroup backends only a non-root
-// caller's command or one with network "none" needs the shim (a root
-// caller's host-network command is exec'd directly, pool or not), and a
-// pooled shim saves that shim's start-up, about two thirds of such a
-// start (docs/benchmarks.md, (a)): 2 wait.
-func poolSize(flag int, b scope.Backend) int {
-	if flag >= 0 {
-		return flag
-	}
-	if b.Placement() == scope.PlaceHeld {
-		return 4
-	}
-	return 2
-}
-
-// raiseFileLimit lets the daemon hold the fds of many executions (two pipes
-// and two pidfds each, stdin too when open): as root it raises
-// RLIMIT_NOFILE to fs.nr_open (at most 1<<20). It uses x/sys's prlimit, not
-// syscall.Setrlimit, so os/exec still gives children the limit the daemon
-// started with.
-func raiseFileLimit(log zerolog.Logger) {
-	b, err := os.ReadFile("/proc/sys/fs/nr_open")
-	if err != nil || os.Geteuid() != 0 {
-		return
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return
-	}
-	n = min(n, 1<<20)
-	lim := unix.Rlimit{Cur: n, Max: n}
-	if err := unix.Prlimit(0, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
-		log.Warn().Err(err).Uint64("wanted", n).Msg("cannot raise RLIMIT_NOFILE; the number of executions at once is bounded by the current limit (4 fds each)")
-	}
 }
