@@ -16,7 +16,9 @@ import (
 // store's answer channel here and goes on; one goroutine waits for each
 // answer in turn and posts the follow-up (tell followers, answer waiters)
 // back to the loop. The store commits in queue order, so waiting in order
-// adds no latency beyond the group commit.
+// adds no latency beyond the group commit. Only for a store that is not a
+// store.Notifier (both of corral's are): those call back from their writer
+// and persist posts the follow-up itself, one thread wake-up fewer.
 type acker struct {
 	mu   sync.Mutex
 	q    []pendingAck
@@ -80,9 +82,8 @@ func (a *acker) close() {
 // goes on, the store reports itself degraded). Loop goroutine only.
 func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then func(ok bool), outs ...store.Output) {
 	queued := time.Now()
-	ch := r.store.Transition(from, rec, outs...)
 	r.inflight++
-	r.acks.push(pendingAck{ch: ch, then: func(res store.Result) {
+	followUp := func(res store.Result) {
 		r.inflight--
 		r.obs.StoreCommit(time.Since(queued), res.Err == nil)
 		if res.Err != nil {
@@ -93,7 +94,44 @@ func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then fun
 		if then != nil {
 			then(res.Err == nil)
 		}
-	}})
+	}
+	if n, ok := r.store.(store.Notifier); ok {
+		// The store's writer calls back (the Memory store before
+		// TransitionFunc returns): post the follow-up straight to the
+		// loop, sparing the acker's wake-up, and run follow-ups in the
+		// order of their transitions whatever order the answers come in
+		// (an immediate failure is answered ahead of queued writes).
+		seq := r.ackSeq
+		r.ackSeq++
+		n.TransitionFunc(from, rec, func(res store.Result) {
+			r.post(func() { r.acked(seq, func() { followUp(res) }) })
+		}, outs...)
+		return
+	}
+	r.acks.push(pendingAck{ch: r.store.Transition(from, rec, outs...), then: followUp})
+}
+
+// acked runs the follow-up of the transition numbered seq once those of
+// every earlier one have run. Loop goroutine only.
+func (r *Reactor) acked(seq uint64, f func()) {
+	if seq != r.ackNext {
+		if r.ackReady == nil {
+			r.ackReady = make(map[uint64]func())
+		}
+		r.ackReady[seq] = f
+		return
+	}
+	f()
+	r.ackNext++
+	for {
+		g, ok := r.ackReady[r.ackNext]
+		if !ok {
+			return
+		}
+		delete(r.ackReady, r.ackNext)
+		g()
+		r.ackNext++
+	}
 }
 
 // markDirty remembers that e's latest record did not reach the store; it is

@@ -92,11 +92,16 @@ type Reactor struct {
 	reaper   *reaper // nil without Config.Subreaper
 	store    store.Store
 	acks     *acker
-	inflight int                     // store writes not yet answered
-	dirty    map[*execution]struct{} // latest record not durable yet
-	retry    *eventloop.Timer
-	pool     *pool // nil without Config.PoolSize
-	obs      Observer
+	inflight int // store writes not yet answered
+	// With a store.Notifier the store calls back instead of the acker
+	// waiting on channels: answers are numbered in persist order and run
+	// in that order (durable.go). Loop goroutine only.
+	ackSeq, ackNext uint64
+	ackReady        map[uint64]func()
+	dirty           map[*execution]struct{} // latest record not durable yet
+	retry           *eventloop.Timer
+	pool            *pool // nil without Config.PoolSize
+	obs             Observer
 
 	total atomic.Int64
 	// How exits were seen: through the pidfd in the loop, or by the

@@ -62,6 +62,14 @@ func (m *Memory) Create(rec api.Record, params []byte) <-chan error {
 	return done[error](nil)
 }
 
+var _ Notifier = (*Memory)(nil)
+
+// TransitionFunc is Transition answering through done, before it returns
+// (see Notifier).
+func (m *Memory) TransitionFunc(from api.State, rec api.Record, done func(Result), outs ...Output) {
+	done(<-m.Transition(from, rec, outs...))
+}
+
 func (m *Memory) Transition(from api.State, rec api.Record, outs ...Output) <-chan Result {
 	if err := checkTransition(from, rec, outs); err != nil {
 		return done(Result{Err: err})

@@ -173,30 +173,51 @@ type transitionOp struct {
 	row  []any
 	outs []Output
 	res  Result
-	ch   chan Result
+	ch   chan Result  // the answer, when fn is nil
+	fn   func(Result) // TransitionFunc's done, called on the writer goroutine
 }
 
 func (s *SQLite) Transition(from api.State, rec api.Record, outs ...Output) <-chan Result {
+	ch := make(chan Result, 1)
+	s.transition(from, rec, outs, func(res Result) { ch <- res }, ch)
+	return ch
+}
+
+var _ Notifier = (*SQLite)(nil)
+
+// TransitionFunc is Transition answering through done (see Notifier).
+func (s *SQLite) TransitionFunc(from api.State, rec api.Record, done func(Result), outs ...Output) {
+	s.transition(from, rec, outs, done, nil)
+}
+
+// transition queues the update; an immediate failure is answered with
+// fail at once, the write's result with ch (when not nil) or fn.
+func (s *SQLite) transition(from api.State, rec api.Record, outs []Output, fail func(Result), ch chan Result) {
 	if err := checkTransition(from, rec, outs); err != nil {
-		return done(Result{Err: err})
+		fail(Result{Err: err})
+		return
 	}
 	b, err := encodeRecord(rec)
 	if err != nil {
-		return done(Result{Err: err})
+		fail(Result{Err: err})
+		return
 	}
 	labels, argv, err := encodeColumns(rec)
 	if err != nil {
-		return done(Result{Err: err})
+		fail(Result{Err: err})
+		return
 	}
-	op := &transitionOp{id: rec.ID, from: from, to: rec.State, outs: outs, ch: make(chan Result, 1), row: []any{
+	op := &transitionOp{id: rec.ID, from: from, to: rec.State, outs: outs, ch: ch, row: []any{
 		int64(rec.Owner.UID), int(rec.State), outcomeCol(rec), rec.CreatedAt.UnixNano(),
 		nanos(cleanedAt(rec, time.Now())), labels, argv, string(b),
 		rec.ID, int(from),
 	}}
-	if !s.enqueue(op) {
-		return done(Result{Err: fmt.Errorf("transition %s: %w", rec.ID, ErrClosed)})
+	if ch == nil {
+		op.fn = fail
 	}
-	return op.ch
+	if !s.enqueue(op) {
+		fail(Result{Err: fmt.Errorf("transition %s: %w", rec.ID, ErrClosed)})
+	}
 }
 
 func (op *transitionOp) apply(ctx context.Context, s *SQLite) error {
@@ -229,11 +250,15 @@ func (op *transitionOp) apply(ctx context.Context, s *SQLite) error {
 }
 
 func (op *transitionOp) finish(err error) {
+	res := op.res
 	if err != nil {
-		op.ch <- Result{Err: err}
+		res = Result{Err: err}
+	}
+	if op.fn != nil {
+		op.fn(res)
 		return
 	}
-	op.ch <- op.res
+	op.ch <- res
 }
 
 type saveOutputOp struct {

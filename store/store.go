@@ -110,6 +110,18 @@ type Store interface {
 	Close() error
 }
 
+// Notifier is implemented by stores that can answer a Transition with a
+// call instead of a channel. TransitionFunc is Transition, except that done
+// is called with the result: on the store's writer goroutine once the
+// write is durable or failed, in the order the writes were queued; before
+// TransitionFunc returns when the write fails at once (an illegal
+// transition, a closed store) or the store has no writer (Memory). done
+// must not block. It spares a caller that would park a goroutine on each
+// channel one thread wake-up per write.
+type Notifier interface {
+	TransitionFunc(from api.State, rec api.Record, done func(Result), outs ...Output)
+}
+
 // Result is the answer to a Transition.
 type Result struct {
 	// Applied is true when the record was updated; false when the stored
