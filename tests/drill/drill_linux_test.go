@@ -630,3 +630,47 @@ func fillUp(path string) error {
 	}
 	return nil
 }
+
+// TestCheckerCatchesWhatIsWrong: the checks must fail on wrong results, or
+// every drill's "0 wrong" would mean nothing. Executions whose outcome,
+// exit code or output differ from what the drill records as expected, and
+// an answered start whose record is missing, must each be counted.
+func TestCheckerCatchesWhatIsWrong(t *testing.T) {
+	if skipReason != "" {
+		testenv.Skip(t, "drill: "+skipReason)
+	}
+	cfg := Config{Run: "checker"}
+	h := startHost(t, &cfg, "")
+	ctx := context.Background()
+	c, err := DialRetry(ctx, h.socket, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ph := NewPhase("checker")
+	run := func(id string, argv []string, e *Exec) {
+		e.ID, e.Kind, e.Limit, e.Sent, e.Acked = id, KindFault, api.DefaultOutputLimitBytes, time.Now(), true
+		ph.Add(e)
+		if _, err := c.Start(ctx, api.StartParams{ID: id, Argv: argv, Cwd: "/", Env: cfg.Env(id),
+			Labels: map[string]string{"drill_phase": "checker", "drill_client": "0"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run("chk-outcome", []string{"sleep", "0"}, &Exec{Want: api.OutcomeTimeout})
+	run("chk-exit", []string{"sh", "-c", "exit 3"}, &Exec{Want: api.OutcomeExited})
+	run("chk-bytes", []string{"seq", "1", "1000"}, &Exec{Want: api.OutcomeExited, Stdout: Seq(999)})
+	run("chk-ok", []string{"seq", "1", "1000"}, &Exec{Want: api.OutcomeExited, Stdout: Seq(1000)})
+	ph.Add(&Exec{ID: "chk-missing", Kind: KindFault, Want: api.OutcomeExited, Sent: time.Now(), Acked: true})
+	c.Close() // the drill's own connection is not the daemon's leftover
+	row := ph.Check(ctx, Checks{Socket: h.socket, Leftovers: h.leftovers(cfg.Run)})
+	// outcome, exit code, total_bytes + kept bytes, missing record.
+	if row.Wrong != 5 || row.LostRecords != 1 || row.LostBytes == 0 || row.Started != 5 || row.Finished != 4 {
+		t.Errorf("checker counted %d wrong (want 5), %d lost records (want 1), %d lost bytes (want > 0), %d started (want 5), %d finished (want 4):\n%s",
+			row.Wrong, row.LostRecords, row.LostBytes, row.Started, row.Finished, strings.Join(row.Problems, "\n"))
+	}
+	if row.OK() {
+		t.Error("a row with wrong results reads OK")
+	}
+	if row.Leftovers != 0 {
+		t.Errorf("leftovers: %s", strings.Join(row.Problems, "\n"))
+	}
+}
