@@ -28,6 +28,13 @@ const (
 	OutcomeIdleTimeout Outcome = "idle_timeout" // no output on either stream for idle_timeout_ms
 )
 
+// Outcomes lists every outcome above, for code that enumerates them (the
+// metrics' outcome label): a new outcome is added here with its constant.
+var Outcomes = []Outcome{
+	OutcomeExited, OutcomeSignaled, OutcomeTimeout, OutcomeCancelled, OutcomeMemoryLimit,
+	OutcomeCPULimit, OutcomeStartFailed, OutcomeLost, OutcomeIdleTimeout,
+}
+
 // Owner is the peer that started an execution, from SO_PEERCRED.
 type Owner struct {
 	UID uint32 `json:"uid"`

@@ -36,13 +36,6 @@ type Options struct {
 	SpansDropped func() int64
 }
 
-// outcomes are the label values of corral_executions_finished_total;
-// anything else counts as "other".
-var outcomes = []api.Outcome{
-	api.OutcomeExited, api.OutcomeSignaled, api.OutcomeTimeout, api.OutcomeCancelled,
-	api.OutcomeMemoryLimit, api.OutcomeCPULimit, api.OutcomeStartFailed, api.OutcomeLost,
-}
-
 // Metrics is corrald's registry and the reactor.Observer that feeds it.
 type Metrics struct {
 	reg *prometheus.Registry
@@ -72,7 +65,8 @@ func New(o Options) *Metrics {
 		Name: "corral_executions_finished_total",
 		Help: "Executions cleaned up, by outcome.",
 	}, []string{"outcome"})
-	for _, oc := range outcomes {
+	// One series per api.Outcomes; anything else counts as "other".
+	for _, oc := range api.Outcomes {
 		m.finished[oc] = finished.WithLabelValues(string(oc))
 	}
 	m.finishedOther = finished.WithLabelValues("other")

@@ -57,6 +57,8 @@ func TestFamilies(t *testing.T) {
 	out := api.OutcomeTimeout
 	m.Transition(reactor.Transition{Record: &api.Record{State: api.StateStarted, CreatedAt: now}})
 	m.Transition(reactor.Transition{From: api.StateExited, Record: &api.Record{State: api.StateCleaned, CreatedAt: now, ExitedAt: &now, CleanedAt: &later, Outcome: &out}})
+	idle := api.OutcomeIdleTimeout
+	m.Transition(reactor.Transition{From: api.StateExited, Record: &api.Record{State: api.StateCleaned, CreatedAt: now, ExitedAt: &now, CleanedAt: &later, Outcome: &idle}})
 	m.Output("stderr", 5)
 	m.StoreCommit(time.Millisecond, true)
 	m.StoreCommit(time.Millisecond, false)
@@ -82,15 +84,17 @@ func TestFamilies(t *testing.T) {
 		}
 	}
 	for key, want := range map[string]float64{
-		"corral_executions_started_total":                   1,
-		"corral_executions_finished_total{outcome=timeout}": 1,
-		"corral_executions_finished_total{outcome=exited}":  0,
-		"corral_executions_running":                         3,
-		"corral_exec_phase_seconds{phase=cleanup}":          1,
-		"corral_output_bytes_total{stream=stderr}":          5,
-		"corral_store_commit_seconds":                       1,
-		"corral_store_commit_failures_total":                1,
-		"corral_trace_spans_dropped_total":                  8,
+		"corral_executions_started_total":                        1,
+		"corral_executions_finished_total{outcome=timeout}":      1,
+		"corral_executions_finished_total{outcome=exited}":       0,
+		"corral_executions_finished_total{outcome=idle_timeout}": 1,
+		"corral_executions_finished_total{outcome=other}":        0,
+		"corral_executions_running":                              3,
+		"corral_exec_phase_seconds{phase=cleanup}":               2,
+		"corral_output_bytes_total{stream=stderr}":               5,
+		"corral_store_commit_seconds":                            1,
+		"corral_store_commit_failures_total":                     1,
+		"corral_trace_spans_dropped_total":                       8,
 	} {
 		if v, ok := got[key]; !ok || v != want {
 			t.Errorf("%s = %v (present %t), want %v", key, v, ok, want)
