@@ -98,3 +98,19 @@ func TestMountDir(t *testing.T) {
 		}
 	}
 }
+
+// TestUnescapeMount: mountinfo's octal escapes are undone; a cut-off one
+// is left as it is.
+func TestUnescapeMount(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"/sys/fs/cgroup", "/sys/fs/cgroup"},
+		{`/mnt/a\040b`, "/mnt/a b"},
+		{`/x\011y\134z`, "/x\ty\\z"},
+		{`/trailing\04`, `/trailing\04`},
+	}
+	for _, tt := range tests {
+		if got := unescapeMount(tt.in); got != tt.want {
+			t.Errorf("unescapeMount(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}

@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
 )
 
 const cgroupRoot = "/sys/fs/cgroup"
@@ -31,62 +32,14 @@ type cgroupLayout struct {
 	symlinks    map[string]string
 }
 
-type mountEntry struct {
-	root, mountpoint, fstype, superOpts string
-}
-
-func readMounts() ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+// readMounts lists the host's mounts (the parser is scope/cgroupv2's, the
+// one corrald itself uses).
+func readMounts() ([]cgroupv2.Mount, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || len(fields) < sep+4 {
-			continue
-		}
-		out = append(out, mountEntry{
-			root:       unescapeMount(fields[3]),
-			mountpoint: unescapeMount(fields[4]),
-			fstype:     fields[sep+1],
-			superOpts:  fields[sep+3],
-		})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	return out, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return cgroupv2.ParseMountinfo(data), nil
 }
 
 // ownCgroups reads /proc/self/cgroup ONCE (it changes under a reader when
@@ -120,34 +73,34 @@ func discoverCgroups() (*cgroupLayout, error) {
 	lay := &cgroupLayout{symlinks: map[string]string{}}
 	seen := map[string]bool{}
 	for _, m := range mounts {
-		if m.mountpoint != cgroupRoot && !strings.HasPrefix(m.mountpoint, cgroupRoot+"/") {
+		if m.Point != cgroupRoot && !strings.HasPrefix(m.Point, cgroupRoot+"/") {
 			continue
 		}
-		if m.mountpoint == cgroupRoot {
+		if m.Point == cgroupRoot {
 			// A later mount on the same point hides an earlier one.
-			lay.rootIsV2 = m.fstype == "cgroup2"
+			lay.rootIsV2 = m.FSType == "cgroup2"
 			lay.hierarchies = nil
 			seen = map[string]bool{}
 		}
-		if m.fstype != "cgroup" && m.fstype != "cgroup2" {
+		if m.FSType != "cgroup" && m.FSType != "cgroup2" {
 			continue
 		}
-		if seen[m.mountpoint] {
+		if seen[m.Point] {
 			continue
 		}
-		seen[m.mountpoint] = true
-		h := &hierarchy{mountpoint: m.mountpoint, v2: m.fstype == "cgroup2"}
+		seen[m.Point] = true
+		h := &hierarchy{mountpoint: m.Point, v2: m.FSType == "cgroup2"}
 		var path string
 		if h.v2 {
 			p, ok := own[""]
 			if !ok {
-				return nil, fmt.Errorf("no v2 entry in /proc/self/cgroup for %s", m.mountpoint)
+				return nil, fmt.Errorf("no v2 entry in /proc/self/cgroup for %s", m.Point)
 			}
 			path = p
 		} else {
 			var opts []string
 			set := map[string]bool{}
-			for _, o := range strings.Split(m.superOpts, ",") {
+			for _, o := range strings.Split(m.SuperOpts, ",") {
 				// release_agent is per hierarchy and set by the host's
 				// init; it may not be set again from a cgroup namespace.
 				if o == "rw" || o == "ro" || strings.HasPrefix(o, "release_agent=") {
@@ -174,22 +127,22 @@ func discoverCgroups() (*cgroupLayout, error) {
 				}
 			}
 			if !found {
-				return nil, fmt.Errorf("no /proc/self/cgroup entry for %s (%s)", m.mountpoint, m.superOpts)
+				return nil, fmt.Errorf("no /proc/self/cgroup entry for %s (%s)", m.Point, m.SuperOpts)
 			}
 		}
 		// A mount whose root is not "/" (we are in a cgroup namespace or it
 		// is a bind mount) shows the path relative to its root.
 		rel := path
-		if m.root != "/" {
-			if !strings.HasPrefix(path, m.root) {
-				return nil, fmt.Errorf("own cgroup %s is outside mount %s (root %s)", path, m.mountpoint, m.root)
+		if m.Root != "/" {
+			if !strings.HasPrefix(path, m.Root) {
+				return nil, fmt.Errorf("own cgroup %s is outside mount %s (root %s)", path, m.Point, m.Root)
 			}
-			rel = strings.TrimPrefix(path, m.root)
+			rel = strings.TrimPrefix(path, m.Root)
 		}
 		if strings.HasPrefix(rel, "/..") {
 			return nil, fmt.Errorf("own cgroup %s is outside our cgroup namespace", path)
 		}
-		h.parent = filepath.Join(m.mountpoint, rel)
+		h.parent = filepath.Join(m.Point, rel)
 		h.child = h.parent // until create
 		lay.hierarchies = append(lay.hierarchies, h)
 	}

@@ -9,20 +9,6 @@ import (
 	"github.com/corral-dev/corral/tests/testenv"
 )
 
-func TestUnescapeMount(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"/sys/fs/cgroup", "/sys/fs/cgroup"},
-		{`/mnt/a\040b`, "/mnt/a b"},
-		{`/x\011y\134z`, "/x\ty\\z"},
-		{`/trailing\04`, `/trailing\04`},
-	}
-	for _, tt := range tests {
-		if got := unescapeMount(tt.in); got != tt.want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", tt.in, got, tt.want)
-		}
-	}
-}
-
 func TestMountScript(t *testing.T) {
 	tests := []struct {
 		name string
