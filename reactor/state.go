@@ -235,14 +235,6 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	}
 	if res.ps != nil {
 		f.status = waitStatus(res.ps)
-		if f.status.exited {
-			code := f.status.code
-			e.rec.ExitCode = &code
-		}
-		if f.status.signaled {
-			name := signalName(f.status.signal)
-			e.rec.Signal = &name
-		}
 		if ru, ok := res.ps.SysUsage().(*syscall.Rusage); ok {
 			e.rec.Usage.CPUUserMS = ru.Utime.Nano() / 1e6
 			e.rec.Usage.CPUSystemMS = ru.Stime.Nano() / 1e6
@@ -252,14 +244,14 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		// Reaped by another process (adopt_linux.go): no rusage; the
 		// scope's counters stand in for it.
 		f.status = decodeStatus(*res.status, max(stats.CPUUsageNS, 0)/1e6)
-		if f.status.exited {
-			code := f.status.code
-			e.rec.ExitCode = &code
-		}
-		if f.status.signaled {
-			name := signalName(f.status.signal)
-			e.rec.Signal = &name
-		}
+	}
+	if f.status.exited {
+		code := f.status.code
+		e.rec.ExitCode = &code
+	}
+	if f.status.signaled {
+		name := signalName(f.status.signal)
+		e.rec.Signal = &name
 	}
 	mergeStats(&e.rec.Usage, stats)
 	outcome, errText := decideOutcome(f)
