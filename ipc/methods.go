@@ -86,13 +86,8 @@ var methods = map[string]handler{
 		// while the connection has room for parked calls.
 		if w, ok := rc.svc.(OutputWaiter); ok && p.WaitMS > 0 && p.WaitMS <= api.MaxWaitMS {
 			if reply := rc.park(); reply != nil {
-				w.OutputWait(ctx, rc.caller, p, func(res api.OutputResult, err error) {
-					if err != nil {
-						reply(nil, err)
-						return
-					}
-					reply(res, nil)
-				})
+				// respond ignores the result when err is set.
+				w.OutputWait(ctx, rc.caller, p, func(res api.OutputResult, err error) { reply(res, err) })
 				return nil, errParked
 			}
 		}
