@@ -25,6 +25,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -56,6 +57,22 @@ const (
 	// execution has no stdout, stderr or stdin pipe.
 	RolePTY = "pty"
 )
+
+// FdName is the name under which role's fd of execution id is parked in
+// the fd store and passed across a handover: "<id>.<role>".
+func FdName(id, role string) string { return id + "." + role }
+
+// SplitFdName splits a passed fd's name into execution id and role (the
+// text after the last dot); ok is false for a name without both. A name
+// that is not an execution's ("corrald.socket") splits too: callers check
+// the role.
+func SplitFdName(name string) (id, role string, ok bool) {
+	i := strings.LastIndexByte(name, '.')
+	if i <= 0 || i == len(name)-1 {
+		return "", "", false
+	}
+	return name[:i], name[i+1:], true
+}
 
 // Adoptee is one execution to take over at start.
 type Adoptee struct {
@@ -418,7 +435,7 @@ func (r *Reactor) parkFds(e *execution) {
 		if fd < 0 {
 			return
 		}
-		if err := r.cfg.FdStore.Store(e.id+"."+role, fd); err != nil {
+		if err := r.cfg.FdStore.Store(FdName(e.id, role), fd); err != nil {
 			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", role).Msg("fd store: park; the execution would not survive a crash of corrald")
 		}
 	}
@@ -452,7 +469,7 @@ func (r *Reactor) unparkFds(e *execution, role string) {
 		e.parked = false
 	}
 	for _, ro := range roles {
-		if err := r.cfg.FdStore.Remove(e.id + "." + ro); err != nil {
+		if err := r.cfg.FdStore.Remove(FdName(e.id, ro)); err != nil {
 			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", ro).Msg("fd store: remove")
 		}
 	}

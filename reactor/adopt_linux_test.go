@@ -171,3 +171,21 @@ func TestAdoptAfterCrash(t *testing.T) {
 		t.Errorf("%d fds left in the fd store after all were cleaned: %v", left, fs.fds)
 	}
 }
+
+func TestSplitFdName(t *testing.T) {
+	for _, tt := range []struct{ in, id, role string }{
+		{"0190-ab.stdout", "0190-ab", "stdout"},
+		{"my.id.with.dots.pidfd", "my.id.with.dots", "pidfd"},
+		{"corrald.socket", "corrald", "socket"},
+	} {
+		id, role, ok := SplitFdName(tt.in)
+		if !ok || id != tt.id || role != tt.role {
+			t.Errorf("SplitFdName(%q) = %q, %q, %v", tt.in, id, role, ok)
+		}
+	}
+	for _, bad := range []string{"nodot", ".x", "x."} {
+		if _, _, ok := SplitFdName(bad); ok {
+			t.Errorf("SplitFdName(%q) ok", bad)
+		}
+	}
+}

@@ -132,7 +132,7 @@ func (r *Reactor) describe() (Handover, error) {
 			he.Hard = e.cancel.hard
 		}
 		if e.pidfd >= 0 {
-			h.Fds[e.pidfd] = e.id + "." + RolePidfd
+			h.Fds[e.pidfd] = FdName(e.id, RolePidfd)
 		}
 		for i, s := range e.streams {
 			if s == nil {
@@ -140,10 +140,10 @@ func (r *Reactor) describe() (Handover, error) {
 			}
 			switch {
 			case s.fd >= 0 && s.tty:
-				h.Fds[s.fd] = e.id + "." + RolePTY
+				h.Fds[s.fd] = FdName(e.id, RolePTY)
 				he.Stdin = append([]byte(nil), e.tty.buf...) // typed, not yet taken
 			case s.fd >= 0:
-				h.Fds[s.fd] = e.id + "." + s.name
+				h.Fds[s.fd] = FdName(e.id, s.name)
 			}
 			he.Raw[i] = s.raw
 			if r.cfg.StateDir == "" {
@@ -156,7 +156,7 @@ func (r *Reactor) describe() (Handover, error) {
 			}
 		}
 		if in := e.stdin; in != nil && in.fd >= 0 {
-			h.Fds[in.fd] = e.id + "." + RoleStdin
+			h.Fds[in.fd] = FdName(e.id, RoleStdin)
 			he.Stdin, he.StdinClose = append([]byte(nil), in.buf...), in.closeAfter
 		}
 		h.Execs[e.id] = he

@@ -22,35 +22,13 @@ import (
 // the next process of the service as LISTEN_FDS, named by LISTEN_FDNAMES
 // (sd_notify(3), "File Descriptor Store" in systemd.service(5)). corrald
 // parks in it what the children need to outlive it: each execution's
-// pidfd, output read ends and stdin write end, named "<exec-id>.<role>".
+// pidfd, output read ends and stdin write end, named as reactor.FdName
+// says ("<exec-id>.<role>").
 //
 // Two traps: systemd drops a stored fd that polls POLLHUP or POLLERR (the
 // pidfd of a reaped child, a pipe whose writer closed) unless it was stored
 // with FDPOLL=0, which Store always sets; and a stored stdin write end keeps
 // the child's stdin open until it is removed (Remove).
-
-// Fd names are "<exec-id>.<role>"; the role is the text after the last dot.
-// Roles corrald uses (another part may add its own, e.g. "pty"):
-const (
-	RolePidfd  = "pidfd"
-	RoleStdout = "stdout"
-	RoleStderr = "stderr"
-	RoleStdin  = "stdin"
-)
-
-// FdName is the fd store name of role of execution id.
-func FdName(id, role string) string { return id + "." + role }
-
-// SplitFdName splits a stored fd's name into execution id and role; ok is
-// false for a name without a dot (a socket unit's name has no role part
-// corrald knows, but "corrald.socket" does split: callers check the role).
-func SplitFdName(name string) (id, role string, ok bool) {
-	i := strings.LastIndexByte(name, '.')
-	if i <= 0 || i == len(name)-1 {
-		return "", "", false
-	}
-	return name[:i], name[i+1:], true
-}
 
 // validFdName reports whether name may be an FDNAME: at most 255
 // characters, printable ASCII, no ':' (it separates LISTEN_FDNAMES).

@@ -19,7 +19,7 @@ func TestStoreSendsFdWithName(t *testing.T) {
 	}
 	defer unix.Close(p[0])
 	defer unix.Close(p[1])
-	sent, err := Store(FdName("0190abcd", RoleStdout), p[1])
+	sent, err := Store("0190abcd.stdout", p[1])
 	if !sent || err != nil {
 		t.Fatalf("Store = %v, %v", sent, err)
 	}
@@ -49,7 +49,7 @@ func TestStoreSendsFdWithName(t *testing.T) {
 		t.Errorf("read through the stored duplicate = %d, %v, %q", n, err, got)
 	}
 
-	if sent, err := Remove(FdName("0190abcd", RoleStdin)); !sent || err != nil {
+	if sent, err := Remove("0190abcd.stdin"); !sent || err != nil {
 		t.Fatalf("Remove = %v, %v", sent, err)
 	}
 	n, err = c.Read(buf)
@@ -68,24 +68,6 @@ func TestStoreWithoutSystemd(t *testing.T) {
 	t.Setenv("NOTIFY_SOCKET", "")
 	if sent, err := Store("x.stdout", 0); sent || err != nil {
 		t.Errorf("Store without NOTIFY_SOCKET = %v, %v; want false, nil", sent, err)
-	}
-}
-
-func TestSplitFdName(t *testing.T) {
-	for _, tt := range []struct{ in, id, role string }{
-		{"0190-ab.stdout", "0190-ab", "stdout"},
-		{"my.id.with.dots.pidfd", "my.id.with.dots", "pidfd"},
-		{"corrald.socket", "corrald", "socket"},
-	} {
-		id, role, ok := SplitFdName(tt.in)
-		if !ok || id != tt.id || role != tt.role {
-			t.Errorf("SplitFdName(%q) = %q, %q, %v", tt.in, id, role, ok)
-		}
-	}
-	for _, bad := range []string{"nodot", ".x", "x."} {
-		if _, _, ok := SplitFdName(bad); ok {
-			t.Errorf("SplitFdName(%q) ok", bad)
-		}
 	}
 }
 

@@ -59,7 +59,7 @@ func takeSurvival(ctx context.Context, c *config, log zerolog.Logger) *survival 
 	}
 	sv.passed = p
 	for name, fds := range p.Fds {
-		id, role, ok := systemd.SplitFdName(name)
+		id, role, ok := reactor.SplitFdName(name)
 		if !ok || len(fds) == 0 {
 			for _, fd := range fds {
 				unix.Close(fd)
@@ -161,7 +161,7 @@ func (sv *survival) plan(st store.Store, stateDir string, log zerolog.Logger) {
 	// store, and closed.
 	for id, fds := range sv.byID {
 		for role, fd := range fds {
-			_, _ = systemd.Remove(systemd.FdName(id, role))
+			_, _ = systemd.Remove(reactor.FdName(id, role))
 			unix.Close(fd)
 		}
 	}
