@@ -411,7 +411,7 @@ func (s *systemdScope) selfStopped(ctx context.Context) bool {
 		}
 	}
 	deadline := time.Now().Add(selfStopWait)
-	for wait := 100 * time.Microsecond; paths.exists(); wait = min(2*wait, 5*time.Millisecond) {
+	for wait := 100 * time.Microsecond; paths.exists(); wait = min(2*wait, time.Millisecond) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return false
 		}
