@@ -89,6 +89,18 @@ func TestMCPToolsList(t *testing.T) {
 	if in.AdditionalProperties == nil {
 		t.Errorf("exec_command input allows any property: %s", b)
 	}
+	var list struct {
+		Properties map[string]struct {
+			Enum []string `json:"enum"`
+		} `json:"properties"`
+	}
+	b, _ = json.Marshal(byName["list_executions"].InputSchema)
+	if err := json.Unmarshal(b, &list); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(list.Properties["state"].Enum, " "), "started running canceling exited cleaned"; got != want {
+		t.Errorf("list_executions state enum = %q, want %q", got, want)
+	}
 }
 
 // TestMCPErrorsWithoutCorrald: every failure is an isError result that

@@ -19,6 +19,16 @@ import (
 
 func boolPtr(b bool) *bool { return &b }
 
+// stateNames are the lifecycle's states in order (api.State), for
+// list_executions' state enum.
+func stateNames() []any {
+	var names []any
+	for s := api.StateStarted; s.Valid(); s++ {
+		names = append(names, s.String())
+	}
+	return names
+}
+
 // registerTools adds the five tools to srv.
 func (s *mcpSession) registerTools(srv *mcp.Server) {
 	mcp.AddTool(srv, &mcp.Tool{
@@ -47,7 +57,7 @@ func (s *mcpSession) registerTools(srv *mcp.Server) {
 		Name:        "list_executions",
 		Title:       "List executions",
 		Description: "List your executions in corrald (running and recently ended), newest first, optionally filtered by state and labels.",
-		InputSchema: schemaFor[listIn](nil, map[string][]any{"state": {"started", "running", "canceling", "exited", "cleaned"}}),
+		InputSchema: schemaFor[listIn](nil, map[string][]any{"state": stateNames()}),
 		Annotations: &mcp.ToolAnnotations{Title: "List executions", ReadOnlyHint: true, OpenWorldHint: boolPtr(false)},
 	}, s.listExecutions)
 	mcp.AddTool(srv, &mcp.Tool{
