@@ -175,7 +175,14 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 		return fd
 	}
 	e.rec.Adopted++
-	e.parked = r.cfg.FdStore != nil // still in the store from before
+	if r.cfg.FdStore != nil {
+		// Still in the store from before; which of them exactly the
+		// earlier image did not say, so all roles of its kind.
+		e.parked = []string{RolePidfd, RoleStdout, RoleStderr, RoleStdin}
+		if e.params.TTY {
+			e.parked = []string{RolePidfd, RoleStderr, RolePTY}
+		}
+	}
 	for i, role := range []string{RoleStdout, RoleStderr} {
 		s := &stream{name: role, fd: take(role)}
 		if e.params.TTY && i == 0 {
@@ -437,7 +444,9 @@ func (r *Reactor) parkFds(e *execution) {
 		}
 		if err := r.cfg.FdStore.Store(FdName(e.id, role), fd); err != nil {
 			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", role).Msg("fd store: park; the execution would not survive a crash of corrald")
+			return
 		}
+		e.parked = append(e.parked, role)
 	}
 	park(RolePidfd, e.pidfd)
 	for _, s := range e.streams {
@@ -451,28 +460,26 @@ func (r *Reactor) parkFds(e *execution) {
 	if e.stdin != nil {
 		park(RoleStdin, e.stdin.fd)
 	}
-	e.parked = true
 }
 
-// unparkFds removes role's fd of e from the fd store (all of e's roles when
-// role is ""). Loop goroutine.
+// unparkFds removes role's fd of e from the fd store (all of e's parked
+// roles when role is ""). Only what is parked is removed, each once: every
+// removal is a message to systemd, on the loop. Loop goroutine.
 func (r *Reactor) unparkFds(e *execution, role string) {
-	if r.cfg.FdStore == nil || !e.parked {
+	if r.cfg.FdStore == nil {
 		return
 	}
-	roles := []string{role}
-	if role == "" {
-		roles = []string{RolePidfd, RoleStdout, RoleStderr, RoleStdin}
-		if e.params.TTY {
-			roles = []string{RolePidfd, RoleStderr, RolePTY}
+	keep := e.parked[:0]
+	for _, ro := range e.parked {
+		if role != "" && ro != role {
+			keep = append(keep, ro)
+			continue
 		}
-		e.parked = false
-	}
-	for _, ro := range roles {
 		if err := r.cfg.FdStore.Remove(FdName(e.id, ro)); err != nil {
 			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", ro).Msg("fd store: remove")
 		}
 	}
+	e.parked = keep
 }
 
 // startSpools opens the spools of a new execution's streams. Loop.

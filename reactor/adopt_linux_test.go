@@ -3,6 +3,7 @@ package reactor
 import (
 	"context"
 	"encoding/json"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -19,8 +20,9 @@ import (
 
 // fakeFdStore keeps duplicates of what is parked, as systemd does.
 type fakeFdStore struct {
-	mu  sync.Mutex
-	fds map[string]int
+	mu      sync.Mutex
+	fds     map[string]int
+	removed []string // names passed to Remove, in order
 }
 
 func (f *fakeFdStore) Store(name string, fd int) error {
@@ -40,6 +42,7 @@ func (f *fakeFdStore) Store(name string, fd int) error {
 func (f *fakeFdStore) Remove(name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.removed = append(f.removed, name)
 	if fd, ok := f.fds[name]; ok {
 		unix.Close(fd)
 		delete(f.fds, name)
@@ -186,6 +189,57 @@ func TestSplitFdName(t *testing.T) {
 	for _, bad := range []string{"nodot", ".x", "x."} {
 		if _, _, ok := SplitFdName(bad); ok {
 			t.Errorf("SplitFdName(%q) ok", bad)
+		}
+	}
+}
+
+// TestFdStoreRemovesWhatWasParked: cleanup takes out of the fd store what
+// was parked, each name once: no stdin for an execution without one, and a
+// closed stdin not a second time.
+func TestFdStoreRemovesWhatWasParked(t *testing.T) {
+	fs := &fakeFdStore{fds: map[string]int{}}
+	dir := t.TempDir()
+	r := newTestReactor(t, func(c *Config) { c.Store, c.FdStore, c.StateDir = store.NewMemory(), fs, dir })
+	ctx := context.Background()
+	for _, tt := range []struct {
+		p    api.StartParams
+		want string
+	}{
+		{api.StartParams{Argv: []string{"true"}}, "pidfd stdout stderr"},
+		{api.StartParams{Argv: []string{"cat"}, StdinOpen: true, Stdin: []byte("x")}, "pidfd stdout stderr stdin"},
+	} {
+		tt.p.Cwd = "/"
+		rec, err := r.Start(ctx, root, tt.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tt.p.StdinOpen {
+			if _, err := r.Write(ctx, root, api.WriteParams{ID: rec.ID, Close: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rec, err = r.Wait(ctx, root, api.WaitParams{ID: rec.ID}); err != nil || rec.State != api.StateCleaned {
+			t.Fatalf("Wait = %v, %v", rec.State, err)
+		}
+		fs.mu.Lock()
+		var got []string
+		for _, name := range fs.removed {
+			if role, ok := strings.CutPrefix(name, rec.ID+"."); ok {
+				got = append(got, role)
+			}
+		}
+		left := 0
+		for name := range fs.fds {
+			if strings.HasPrefix(name, rec.ID+".") {
+				left++
+			}
+		}
+		fs.mu.Unlock()
+		sort.Strings(got)
+		want := strings.Fields(tt.want)
+		sort.Strings(want)
+		if strings.Join(got, " ") != strings.Join(want, " ") || left != 0 {
+			t.Errorf("%v: removed %v, want %v each once; %d left in the store", tt.p.Argv, got, want, left)
 		}
 	}
 }

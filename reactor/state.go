@@ -53,7 +53,7 @@ type execution struct {
 	stdin   *stdinPipe
 	tty     *terminal // tty: true: the terminal's master, owned here (tty_linux.go)
 	work    string    // workspace to delete at cleanup, or ""
-	parked  bool      // its fds are in the fd store (adopt_linux.go)
+	parked  []string  // roles of its fds in the fd store (adopt_linux.go)
 
 	timeout, grace, killWait, sampler, reap *eventloop.Timer
 	idle                                    *eventloop.Timer // idle_timeout_ms (deadline.go)
