@@ -243,3 +243,45 @@ func TestFdStoreRemovesWhatWasParked(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldForksWaitsForForkInFlight: a handover's exec waits for a fork in
+// flight (its child may still hold copies of corrald's fds, the store's
+// lock among them) and no fork starts while it is held.
+func TestHoldForksWaitsForForkInFlight(t *testing.T) {
+	rp := &reaper{mains: map[int]int{}}
+	inFork, finish := make(chan struct{}), make(chan struct{})
+	forked := make(chan error, 1)
+	go func() {
+		forked <- rp.fork(func() (int, error) {
+			close(inFork)
+			<-finish // the child has not exec'd yet
+			return 1, nil
+		})
+	}()
+	<-inFork
+	held := make(chan func(), 1)
+	go func() { held <- rp.holdForks() }()
+	select {
+	case <-held:
+		t.Fatal("holdForks returned while a fork was in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(finish)
+	if err := <-forked; err != nil {
+		t.Fatal(err)
+	}
+	release := <-held
+	started := make(chan struct{})
+	go func() {
+		_ = rp.fork(func() (int, error) { close(started); return 2, nil })
+	}()
+	select {
+	case <-started:
+		t.Fatal("a fork started while forks were held")
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	<-started
+	var nilReaper *reaper
+	nilReaper.holdForks()()
+}

@@ -79,7 +79,11 @@ func (r *Reactor) Handover(ctx context.Context, settle time.Duration, exec func(
 				err = herr
 				return
 			}
+			// The warm pool may be forking a shim: let that fork finish
+			// its exec first, and start no other until exec returns.
+			release := r.reaper.holdForks()
 			err = exec(h)
+			release()
 		}); lerr != nil {
 			return fmt.Errorf("handover: %w", lerr)
 		}

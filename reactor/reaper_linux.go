@@ -61,6 +61,21 @@ func (rp *reaper) fork(start func() (int, error)) error {
 	return err
 }
 
+// holdForks waits until no fork is in flight and keeps new ones from
+// starting until release is called. A fork in flight is a cmd.Start that
+// has not returned: its child may not have exec'd yet and holds copies of
+// every fd of ours (the store's lock among them) until it does; once
+// cmd.Start returned, the child has exec'd and they are gone. For a
+// handover's exec, so the next image finds none of its fds held by a
+// child of the old one. A no-op on a nil reaper.
+func (rp *reaper) holdForks() (release func()) {
+	if rp == nil {
+		return func() {}
+	}
+	rp.mu.Lock()
+	return rp.mu.Unlock
+}
+
 // reaped unregisters a main process after its Wait.
 func (rp *reaper) reaped(pid int) {
 	if rp == nil {
