@@ -45,35 +45,6 @@ func validFdName(name string) bool {
 	return true
 }
 
-var notifyMu sync.Mutex
-
-// sendWithFds sends state with fds (SCM_RIGHTS) to $NOTIFY_SOCKET. It
-// reports false and no error when the variable is unset.
-func sendWithFds(state string, fds []int) (bool, error) {
-	path := os.Getenv("NOTIFY_SOCKET")
-	if path == "" {
-		return false, nil
-	}
-	if path[0] == '@' {
-		path = "\x00" + path[1:]
-	}
-	notifyMu.Lock()
-	defer notifyMu.Unlock()
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), os.NewSyscallError("socket", err))
-	}
-	defer unix.Close(fd)
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	if err := unix.Sendmsg(fd, []byte(state), oob, &unix.SockaddrUnix{Name: path}, 0); err != nil {
-		return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), os.NewSyscallError("sendmsg", err))
-	}
-	return true, nil
-}
-
 // Store parks fd in systemd's fd store under name (FDSTORE=1, FDNAME=,
 // FDPOLL=0). systemd keeps its own duplicate: the caller still owns fd.
 // It reports false and no error when corrald is not a systemd service.

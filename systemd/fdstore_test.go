@@ -1,6 +1,7 @@
 package systemd
 
 import (
+	"net"
 	"os"
 	"strconv"
 	"testing"
@@ -107,5 +108,123 @@ func TestReadPassed(t *testing.T) {
 	t.Setenv(HandoverEnv, "7x=a:"+strconv.Itoa(1<<20)+"=b")
 	if _, err := readPassed(); err == nil {
 		t.Error("bad handover entries accepted")
+	}
+}
+
+// readNotify reads one datagram and the fds it carries.
+func readNotify(t *testing.T, c *net.UnixConn) (string, []int) {
+	t.Helper()
+	buf, oob := make([]byte, 512), make([]byte, 128)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fds []int
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range msgs {
+		got, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		fds = append(fds, got...)
+	}
+	return string(buf[:n]), fds
+}
+
+func sameFile(t *testing.T, a, b int) bool {
+	t.Helper()
+	var sa, sb unix.Stat_t
+	if err := unix.Fstat(a, &sa); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fstat(b, &sb); err != nil {
+		t.Fatal(err)
+	}
+	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
+}
+
+// TestNotifierKeepsOneSocket: an execution's worth of fd store messages
+// (four Stores, a Remove, a watchdog ping) arrive in order, each Store with
+// its name and its own fd, over one socket opened once; when the receiver's
+// socket is re-created at the same path, the next message opens one new
+// socket and arrives.
+func TestNotifierKeepsOneSocket(t *testing.T) {
+	c := notifySocket(t)
+	closeNotifier()
+	before := notifierOpens()
+	var pipes [2][2]int
+	for i := range pipes {
+		if err := unix.Pipe2(pipes[i][:], unix.O_CLOEXEC); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(pipes[i][0])
+		defer unix.Close(pipes[i][1])
+	}
+	stores := []struct {
+		name string
+		fd   int
+	}{
+		{"e1.stdout", pipes[0][0]}, {"e1.stdin", pipes[0][1]},
+		{"e1.stderr", pipes[1][0]}, {"e1.pidfd", pipes[1][1]},
+	}
+	for _, s := range stores {
+		if sent, err := Store(s.name, s.fd); !sent || err != nil {
+			t.Fatalf("Store(%s) = %v, %v", s.name, sent, err)
+		}
+	}
+	if sent, err := Remove("e1.stdin"); !sent || err != nil {
+		t.Fatalf("Remove = %v, %v", sent, err)
+	}
+	if sent, err := Watchdog(); !sent || err != nil {
+		t.Fatalf("Watchdog = %v, %v", sent, err)
+	}
+	for _, s := range stores {
+		msg, fds := readNotify(t, c)
+		if want := "FDSTORE=1\nFDNAME=" + s.name + "\nFDPOLL=0"; msg != want {
+			t.Errorf("datagram = %q, want %q", msg, want)
+		}
+		if len(fds) != 1 {
+			t.Fatalf("%s: %d fds passed, want 1", s.name, len(fds))
+		}
+		if !sameFile(t, fds[0], s.fd) {
+			t.Errorf("%s: the passed fd is not the stored one", s.name)
+		}
+		unix.Close(fds[0])
+	}
+	if msg, fds := readNotify(t, c); msg != "FDSTOREREMOVE=1\nFDNAME=e1.stdin" || len(fds) != 0 {
+		t.Errorf("remove datagram = %q with %d fds", msg, len(fds))
+	}
+	if msg, _ := readNotify(t, c); msg != "WATCHDOG=1" {
+		t.Errorf("watchdog datagram = %q", msg)
+	}
+	if got := notifierOpens() - before; got != 1 {
+		t.Errorf("%d sockets opened for 6 messages, want 1", got)
+	}
+
+	// The receiver re-creates its socket (as systemd does on daemon-reexec).
+	path := os.Getenv("NOTIFY_SOCKET")
+	c.Close()
+	os.Remove(path)
+	c2, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if sent, err := Store("e2.stdout", pipes[0][0]); !sent || err != nil {
+		t.Fatalf("Store after the receiver's restart = %v, %v", sent, err)
+	}
+	msg, fds := readNotify(t, c2)
+	if msg != "FDSTORE=1\nFDNAME=e2.stdout\nFDPOLL=0" || len(fds) != 1 || !sameFile(t, fds[0], pipes[0][0]) {
+		t.Errorf("after the receiver's restart: %q with fds %v", msg, fds)
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	if got := notifierOpens() - before; got != 2 {
+		t.Errorf("%d sockets opened in all, want 2 (one reopen)", got)
 	}
 }

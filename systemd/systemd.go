@@ -37,11 +37,13 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/coreos/go-systemd/v22/journal"
 	"github.com/rs/zerolog/journald"
+	"golang.org/x/sys/unix"
 )
 
 // SocketName is the name systemd gives the fds of corrald.socket
@@ -61,12 +63,79 @@ func UnderSystemd() bool {
 // notify sends state to $NOTIFY_SOCKET. It reports false and no error when
 // the variable is unset. The variable is left set: it is needed for every
 // later notification (children must not inherit it; see ScrubEnv).
-func notify(state string) (bool, error) {
-	sent, err := daemon.SdNotify(false, state)
-	if err != nil {
+func notify(state string) (bool, error) { return sendWithFds(state, nil) }
+
+// notifier is the process's one connection to $NOTIFY_SOCKET: a datagram
+// socket connected once and kept (CLOEXEC), so that a notification costs one
+// sendmsg (the fd store sends several per execution from the reactor's
+// loop). It is reopened when a send on it fails (systemd re-created its
+// socket: daemon-reexec) and when $NOTIFY_SOCKET names another socket, and
+// closed when the variable is unset.
+type notifier struct {
+	mu    sync.Mutex
+	fd    int    // -1: none
+	path  string // what fd is connected to, as in $NOTIFY_SOCKET
+	opens int    // sockets opened so far (for tests)
+}
+
+var notifySock = notifier{fd: -1}
+
+// sendWithFds sends state with fds (SCM_RIGHTS) to $NOTIFY_SOCKET. It
+// reports false and no error when the variable is unset.
+func sendWithFds(state string, fds []int) (bool, error) {
+	path := os.Getenv("NOTIFY_SOCKET")
+	n := &notifySock
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if path == "" {
+		n.closeLocked()
+		return false, nil
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if n.fd >= 0 && n.path == path {
+		if err := unix.Sendmsg(n.fd, []byte(state), oob, nil, 0); err == nil {
+			return true, nil
+		}
+		// A stale connection (the receiver's socket was re-created): the
+		// error worth reporting is the fresh socket's, below.
+	}
+	n.closeLocked()
+	if err := n.openLocked(path); err != nil {
 		return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), err)
 	}
-	return sent, nil
+	if err := unix.Sendmsg(n.fd, []byte(state), oob, nil, 0); err != nil {
+		n.closeLocked()
+		return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), os.NewSyscallError("sendmsg", err))
+	}
+	return true, nil
+}
+
+func (n *notifier) openLocked(path string) error {
+	addr := path
+	if addr[0] == '@' {
+		addr = "\x00" + addr[1:]
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return os.NewSyscallError("socket", err)
+	}
+	n.opens++
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: addr}); err != nil {
+		unix.Close(fd)
+		return os.NewSyscallError("connect", err)
+	}
+	n.fd, n.path = fd, path
+	return nil
+}
+
+func (n *notifier) closeLocked() {
+	if n.fd >= 0 {
+		unix.Close(n.fd)
+	}
+	n.fd, n.path = -1, ""
 }
 
 func firstLine(s string) string {

@@ -49,7 +49,21 @@ func notifySocket(t *testing.T) *net.UnixConn {
 	}
 	t.Cleanup(func() { c.Close() })
 	t.Setenv("NOTIFY_SOCKET", path)
+	t.Cleanup(closeNotifier) // before TestMain's leak check
 	return c
+}
+
+// closeNotifier closes the notifier's kept socket.
+func closeNotifier() {
+	notifySock.mu.Lock()
+	notifySock.closeLocked()
+	notifySock.mu.Unlock()
+}
+
+func notifierOpens() int {
+	notifySock.mu.Lock()
+	defer notifySock.mu.Unlock()
+	return notifySock.opens
 }
 
 func TestNotify(t *testing.T) {
