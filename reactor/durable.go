@@ -4,78 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/store"
 )
-
-// acker turns the store's answers into loop work, in the order the
-// transitions were made. The loop never waits on the disk: it queues the
-// store's answer channel here and goes on; one goroutine waits for each
-// answer in turn and posts the follow-up (tell followers, answer waiters)
-// back to the loop. The store commits in queue order, so waiting in order
-// adds no latency beyond the group commit. Only for a store that is not a
-// store.Notifier (both of corral's are): those call back from their writer
-// and persist posts the follow-up itself, one thread wake-up fewer.
-type acker struct {
-	mu   sync.Mutex
-	q    []pendingAck
-	wake chan struct{}
-	stop chan struct{}
-	done chan struct{}
-}
-
-type pendingAck struct {
-	ch   <-chan store.Result
-	then func(store.Result) // runs on the loop goroutine
-}
-
-func newAcker() *acker {
-	return &acker{wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-}
-
-// push queues an answer to wait for. Never blocks; any goroutine.
-func (a *acker) push(p pendingAck) {
-	a.mu.Lock()
-	a.q = append(a.q, p)
-	a.mu.Unlock()
-	select {
-	case a.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (a *acker) run(post func(func())) {
-	defer close(a.done)
-	for {
-		a.mu.Lock()
-		var p pendingAck
-		ok := len(a.q) > 0
-		if ok {
-			p = a.q[0]
-			a.q[0] = pendingAck{}
-			a.q = a.q[1:]
-		}
-		a.mu.Unlock()
-		if !ok {
-			select {
-			case <-a.wake:
-				continue
-			case <-a.stop:
-				return
-			}
-		}
-		res := <-p.ch
-		post(func() { p.then(res) })
-	}
-}
-
-func (a *acker) close() {
-	close(a.stop)
-	<-a.done
-}
 
 // persist queues e's record, just moved from state from, as a conditional
 // update; then runs on the loop once it is durable (or failed: supervision
@@ -95,20 +28,16 @@ func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then fun
 			then(res.Err == nil)
 		}
 	}
-	if n, ok := r.store.(store.Notifier); ok {
-		// The store's writer calls back (the Memory store before
-		// TransitionFunc returns): post the follow-up straight to the
-		// loop, sparing the acker's wake-up, and run follow-ups in the
-		// order of their transitions whatever order the answers come in
-		// (an immediate failure is answered ahead of queued writes).
-		seq := r.ackSeq
-		r.ackSeq++
-		n.TransitionFunc(from, rec, func(res store.Result) {
-			r.post(func() { r.acked(seq, func() { followUp(res) }) })
-		}, outs...)
-		return
-	}
-	r.acks.push(pendingAck{ch: r.store.Transition(from, rec, outs...), then: followUp})
+	// The store's writer calls back (the Memory store before
+	// TransitionFunc returns), so the loop never waits on the disk: post
+	// the follow-up to the loop, and run follow-ups in the order of their
+	// transitions whatever order the answers come in (an immediate failure
+	// is answered ahead of queued writes).
+	seq := r.ackSeq
+	r.ackSeq++
+	r.store.TransitionFunc(from, rec, func(res store.Result) {
+		r.post(func() { r.acked(seq, func() { followUp(res) }) })
+	}, outs...)
 }
 
 // acked runs the follow-up of the transition numbered seq once those of

@@ -69,7 +69,7 @@ func TestObserverSeesLifecycle(t *testing.T) {
 	if obs.out["stdout"] != 5 || obs.out["stderr"] != 2 {
 		t.Errorf("output = %v, want stdout 5, stderr 2", obs.out)
 	}
-	// running, exited and cleaned are written through the acker (the
+	// running, exited and cleaned are written through persist (the
 	// created record is written by Start itself).
 	if obs.commits < 3 {
 		t.Errorf("store commits = %d, want at least 3", obs.commits)

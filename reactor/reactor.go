@@ -91,11 +91,10 @@ type Reactor struct {
 	readBuf  []byte
 	reaper   *reaper // nil without Config.Subreaper
 	store    store.Store
-	acks     *acker
 	inflight int // store writes not yet answered
-	// With a store.Notifier the store calls back instead of the acker
-	// waiting on channels: answers are numbered in persist order and run
-	// in that order (durable.go). Loop goroutine only.
+	// The store calls back (store.Notifier): answers are numbered in
+	// persist order and run in that order (durable.go). Loop goroutine
+	// only.
 	ackSeq, ackNext uint64
 	ackReady        map[uint64]func()
 	dirty           map[*execution]struct{} // latest record not durable yet
@@ -156,7 +155,6 @@ func New(cfg Config) (*Reactor, error) {
 	}
 	r := &Reactor{
 		store:     st,
-		acks:      newAcker(),
 		startedAt: time.Now(),
 		cfg:       cfg,
 		log:       cfg.Log,
@@ -196,8 +194,6 @@ func (r *Reactor) Run(ctx context.Context) error {
 	defer r.reaper.close()
 	defer r.loop.Close()
 	defer r.pool.close()
-	go r.acks.run(r.post)
-	defer r.acks.close()
 	return r.loop.Run(ctx)
 }
 

@@ -165,7 +165,7 @@ type exitedOutputStore struct {
 	out map[string]map[string][]byte // id -> stream -> head+tail
 }
 
-func (s *exitedOutputStore) Transition(from api.State, rec api.Record, outs ...store.Output) <-chan store.Result {
+func (s *exitedOutputStore) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
 	if rec.State == api.StateExited {
 		s.mu.Lock()
 		m := make(map[string][]byte)
@@ -175,7 +175,7 @@ func (s *exitedOutputStore) Transition(from api.State, rec api.Record, outs ...s
 		s.out[rec.ID] = m
 		s.mu.Unlock()
 	}
-	return s.Store.Transition(from, rec, outs...)
+	s.Store.TransitionFunc(from, rec, done, outs...)
 }
 
 // TestExitedRecordCarriesKeptOutput: without an output spool, the exited

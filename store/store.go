@@ -74,6 +74,10 @@ type Store interface {
 	// (typically the kept output with the exited transition).
 	Transition(from api.State, rec api.Record, outs ...Output) <-chan Result
 
+	// Every store also answers transitions by callback (see Notifier): the
+	// reactor persists through TransitionFunc alone.
+	Notifier
+
 	// SaveOutput queues replacing the kept output of one stream of record id.
 	// It answers ErrNotFound when the record does not exist.
 	SaveOutput(id string, out Output) <-chan error
@@ -110,8 +114,8 @@ type Store interface {
 	Close() error
 }
 
-// Notifier is implemented by stores that can answer a Transition with a
-// call instead of a channel. TransitionFunc is Transition, except that done
+// Notifier is the part of Store that answers a Transition with a call
+// instead of a channel. TransitionFunc is Transition, except that done
 // is called with the result: on the store's writer goroutine once the
 // write is durable or failed, in the order the writes were queued; before
 // TransitionFunc returns when the write fails at once (an illegal
