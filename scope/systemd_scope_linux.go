@@ -10,6 +10,7 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
 
@@ -215,12 +216,18 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 func (s *systemdScope) stopBestEffort() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	s.stopUnit(ctx, zerolog.WarnLevel, "stop scope")
+}
+
+// stopUnit queues a stop job for the unit ("replace", no job wait) and logs
+// a failure other than the unit being gone already at level with msg.
+func (s *systemdScope) stopUnit(ctx context.Context, level zerolog.Level, msg string) {
 	err := s.b.bus.call(ctx, func(c *sddbus.Conn) error {
 		_, err := c.StopUnitContext(ctx, s.unit, "replace", nil)
 		return err
 	})
 	if err != nil && !noSuchUnit(err) {
-		s.b.opts.Log.Warn().Err(err).Str("unit", s.unit).Msg("stop scope")
+		s.b.opts.Log.WithLevel(level).Err(err).Str("unit", s.unit).Msg(msg)
 	}
 }
 
@@ -402,13 +409,7 @@ func (s *systemdScope) selfStopped(ctx context.Context) bool {
 		// 10-14 ms from empty to cgroup gone for an inline scope, 0-5 ms
 		// for a pooled one). No job wait: the unit going is waited for
 		// below, as for a scope systemd stopped itself.
-		err := s.b.bus.call(ctx, func(c *sddbus.Conn) error {
-			_, err := c.StopUnitContext(ctx, s.unit, "replace", nil)
-			return err
-		})
-		if err != nil && !noSuchUnit(err) {
-			s.b.opts.Log.Debug().Err(err).Str("unit", s.unit).Msg("stop empty scope")
-		}
+		s.stopUnit(ctx, zerolog.DebugLevel, "stop empty scope")
 	}
 	deadline := time.Now().Add(selfStopWait)
 	for wait := 100 * time.Microsecond; paths.exists(); wait = min(2*wait, time.Millisecond) {
