@@ -174,20 +174,115 @@ func (b *systemdBus) bound(ctx context.Context) (context.Context, context.Cancel
 	return context.WithTimeout(ctx, b.jobTimeout)
 }
 
-// runJob starts a job with start and waits for its result. go-systemd
-// delivers the result on ch once; the channel is buffered because an unread
-// one would wedge the connection's signal dispatch.
-func (b *systemdBus) runJob(ctx context.Context, start func(c *sddbus.Conn, ch chan<- string) error) (string, error) {
+// jobKind says what a job waited for by runJob does, which is what its
+// result is inferred from when its completion signal never comes.
+type jobKind int
+
+const (
+	jobStart jobKind = iota // the unit ends active
+	jobStop                 // the unit ends inactive or unloaded
+)
+
+// Re-checking a job whose completion signal has not come: first after
+// recheckFirst, then at doubling intervals up to recheckMax, and at once
+// when the connection the job was started on is gone.
+const (
+	recheckFirst = 250 * time.Millisecond
+	recheckMax   = 2 * time.Second
+)
+
+// runJob starts a job on unit with start and waits for its result.
+// go-systemd delivers the result on ch once; the channel is buffered
+// because an unread one would wedge the connection's signal dispatch.
+//
+// The JobRemoved signal can be lost: systemd daemon-reexec drops every
+// connection (and the jobs go on in the new PID 1, which signals only its
+// new subscribers), and a re-exec behind the system bus drops the signals
+// sent while it runs. So a job whose result has not come within
+// recheckFirst, or whose connection broke, is looked up (recheckJob): once
+// systemd no longer has it, its result is inferred from the unit's state.
+func (b *systemdBus) runJob(ctx context.Context, unit string, kind jobKind, start func(c *sddbus.Conn, ch chan<- string) (int, error)) (string, error) {
 	ch := make(chan string, 1)
-	if err := b.call(ctx, func(c *sddbus.Conn) error { return start(c, ch) }); err != nil {
+	var id int
+	var conn *sddbus.Conn
+	if err := b.call(ctx, func(c *sddbus.Conn) error {
+		var err error
+		id, err = start(c, ch)
+		conn = c
+		return err
+	}); err != nil {
 		return "", err
 	}
-	select {
-	case res := <-ch:
-		return res, nil
-	case <-ctx.Done():
-		return "", fmt.Errorf("wait for job: %w", ctx.Err())
+	wait := recheckFirst
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	// Polls whether the job's connection broke, between re-checks.
+	lost := time.NewTicker(20 * time.Millisecond)
+	defer lost.Stop()
+	for {
+		select {
+		case res := <-ch:
+			return res, nil
+		case <-ctx.Done():
+			return "", fmt.Errorf("wait for job %d: %w", id, ctx.Err())
+		case <-lost.C:
+			if conn.Connected() {
+				continue
+			}
+			lost.Stop() // from now on only the timer re-checks
+		case <-timer.C:
+			wait = min(2*wait, recheckMax)
+		}
+		res, ok, err := b.recheckJob(ctx, unit, id, kind)
+		if err != nil {
+			// systemd may be re-executing still: try again later.
+			b.log.Debug().Err(err).Str("unit", unit).Int("job", id).Msg("re-check job")
+		}
+		if ok {
+			b.log.Info().Str("unit", unit).Int("job", id).Str("result", res).Msg("job ended without its completion signal; result from the unit's state")
+			return res, nil
+		}
+		timer.Reset(wait)
 	}
+}
+
+// recheckJob looks up job id of unit. ok is false while systemd still has
+// the job (or cannot tell); once the job is gone, res is its result as
+// the unit's state shows it: "done" if the unit is where kind wanted it,
+// "failed" otherwise. A job id of 0 (go-systemd could not parse the job
+// path) cannot be looked up and is waited for by its signal only.
+func (b *systemdBus) recheckJob(ctx context.Context, unit string, id int, kind jobKind) (res string, ok bool, err error) {
+	if id == 0 {
+		return "", false, nil
+	}
+	// ListUnitsByPatterns looks only through the loaded units (see
+	// unitLoaded) and gives the unit's job and state in one call.
+	var units []sddbus.UnitStatus
+	err = b.call(ctx, func(c *sddbus.Conn) error {
+		var err error
+		units, err = c.ListUnitsByPatternsContext(ctx, nil, []string{unit})
+		return err
+	})
+	if err != nil {
+		return "", false, fmt.Errorf("look up unit: %w", err)
+	}
+	active := "" // not loaded
+	for _, u := range units {
+		if u.Name != unit {
+			continue
+		}
+		if u.JobId == uint32(id) {
+			return "", false, nil // still queued or running
+		}
+		active = u.ActiveState
+	}
+	switch {
+	case kind == jobStart && active == "active":
+		return "done", true, nil
+	case kind == jobStop && (active == "" || active == "inactive"):
+		return "done", true, nil
+	}
+	return "failed", true, nil
 }
 
 // unitLoaded reports whether systemd has unit loaded. It asks
@@ -220,9 +315,8 @@ func (b *systemdBus) unitLoaded(ctx context.Context, unit string) (bool, error) 
 // a stop job that ends "done" is the end; other results (canceled by a
 // newer job, timeout) are followed by polling the unit's state.
 func (b *systemdBus) stopAndWait(ctx context.Context, unit string) error {
-	res, err := b.runJob(ctx, func(c *sddbus.Conn, ch chan<- string) error {
-		_, err := c.StopUnitContext(ctx, unit, "replace", ch)
-		return err
+	res, err := b.runJob(ctx, unit, jobStop, func(c *sddbus.Conn, ch chan<- string) (int, error) {
+		return c.StopUnitContext(ctx, unit, "replace", ch)
 	})
 	switch {
 	case noSuchUnit(err):

@@ -159,9 +159,8 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 	defer cancel()
 
 	props := s.properties(pid)
-	res, err := s.b.bus.runJob(ctx, func(c *sddbus.Conn, ch chan<- string) error {
-		_, err := c.StartTransientUnitContext(ctx, s.unit, "fail", props, ch)
-		return err
+	res, err := s.b.bus.runJob(ctx, s.unit, jobStart, func(c *sddbus.Conn, ch chan<- string) (int, error) {
+		return c.StartTransientUnitContext(ctx, s.unit, "fail", props, ch)
 	})
 	if err == nil && res != "done" {
 		err = fmt.Errorf("start job %s", res)
