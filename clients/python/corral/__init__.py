@@ -44,6 +44,7 @@ from ._wire import (  # noqa: F401
     Result,
     StateEvent,
     StreamInfo,
+    TTYSize,
     Usage,
     default_socket,
 )

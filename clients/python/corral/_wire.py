@@ -109,6 +109,15 @@ class StreamInfo:
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
+@dataclass
+class TTYSize:
+    """A terminal's window size in character cells."""
+
+    rows: int = 0
+    cols: int = 0
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
 #: States in order; they only move forward.
 STATES = ("started", "running", "canceling", "exited", "cleaned")
 
@@ -138,7 +147,20 @@ class Record:
     usage: Optional[Usage] = None
     stdout: Optional[StreamInfo] = None
     stderr: Optional[StreamInfo] = None
+    # Extensions beyond protocol v1 (docs/protocol.md, "Execution record").
+    user: Optional[str] = None
+    network: Optional[str] = None
+    backend: Optional[str] = None
+    timeout_ms: int = 0
+    cancel_reason: Optional[str] = None
+    leftover_tasks: int = 0
+    start_errno: Optional[str] = None
+    unenforced: List[str] = field(default_factory=list)
+    # Protocol v1.1: terminals, idle timeouts, movable deadlines, survival.
     tty: bool = False
+    tty_size: Optional[TTYSize] = None
+    idle_timeout_ms: int = 0
+    adopted: int = 0
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -148,7 +170,9 @@ class Record:
         r.usage = _build(Usage, d.get("usage"))
         r.stdout = _build(StreamInfo, d.get("stdout"))
         r.stderr = _build(StreamInfo, d.get("stderr"))
+        r.tty_size = _build(TTYSize, d.get("tty_size"))
         r.labels = r.labels or {}
+        r.unenforced = r.unenforced or []
         return r
 
     @property
@@ -273,8 +297,9 @@ def start_params(argv, **kw) -> Dict[str, Any]:
     """exec.start's params from argv and keyword arguments named as the
     protocol's fields (env, cwd, stdin, stdin_open, timeout_ms, grace_ms,
     cpu_ms, memory_bytes, tasks_max, output_limit_bytes, labels, id, user,
-    network, redact, tty, tty_size, idle_timeout_ms, ...). stdin may be bytes
-    or str. None values are left out."""
+    network, redact, tty, tty_size, idle_timeout_ms, traceparent, ...). stdin
+    may be bytes or str; tty_size may be a TTYSize or {"rows": R, "cols": C}.
+    None values are left out."""
     if isinstance(argv, (str, bytes)):
         raise TypeError("argv must be a list of strings, not a single string (use ['sh', '-c', cmd] for a shell line)")
     p: Dict[str, Any] = {"argv": list(argv)}
@@ -283,6 +308,8 @@ def start_params(argv, **kw) -> Dict[str, Any]:
             continue
         if k == "stdin":
             v = encode_data(v)
+        elif k == "tty_size" and isinstance(v, TTYSize):
+            v = {"rows": v.rows, "cols": v.cols}
         p[k] = v
     return p
 

@@ -173,8 +173,10 @@ class Client:
         """exec.start: runs argv; keyword arguments are the protocol's fields
         (env, cwd, stdin, stdin_open, timeout_ms, grace_ms, cpu_ms,
         memory_bytes, tasks_max, output_limit_bytes, labels, id, user,
-        network, redact, tty, tty_size, idle_timeout_ms). A command that
-        cannot be executed is a record with outcome "start_failed"."""
+        network, redact, tty, tty_size, idle_timeout_ms, traceparent — a W3C
+        trace context that makes the execution's trace a child of the
+        caller's). A command that cannot be executed is a record with outcome
+        "start_failed"."""
         return Record.from_dict(self.call("exec.start", start_params(argv, **kw)))
 
     def get(self, id: str) -> Record:

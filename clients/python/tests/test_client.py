@@ -200,9 +200,12 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.c.output(rec.id).data, b"hello world")
 
     def test_resize_on_a_terminal(self):
-        rec = self.start(["sh", "-c", "read x; stty size"], tty=True, tty_size={"rows": 24, "cols": 80})
+        rec = self.start(["sh", "-c", "read x; stty size"], tty=True, tty_size=corral.TTYSize(rows=24, cols=80))
+        self.assertEqual((rec.tty_size.rows, rec.tty_size.cols), (24, 80))
         r = self.c.resize(rec.id, 40, 100)
         self.assertEqual(r.id, rec.id)
+        self.assertEqual((r.tty_size.rows, r.tty_size.cols), (40, 100))
+        self.assertNotIn("tty_size", r.extra)
         self.c.write(rec.id, "\n")
         done = self.c.wait(rec.id, timeout_ms=20000)
         self.assertEqual(done.exit_code, 0)
@@ -219,8 +222,11 @@ class ClientTest(unittest.TestCase):
         rec = self.start(["sleep", "60"], timeout_ms=60000)
         up = self.c.update(rec.id, 300)
         self.assertTrue(up.deadline)
+        self.assertTrue(0 < up.timeout_ms < 60000, up.timeout_ms)
         done = self.c.wait(rec.id, timeout_ms=30000)
         self.assertEqual(done.outcome, "timeout")
+        self.assertIn(done.backend, ("cgroup", "pgroup", "systemd"))
+        self.assertEqual(done.extra, {})
         with self.assertRaises(corral.CorralError) as cm:
             self.c.update(rec.id, 1000)
         self.assertEqual(cm.exception.code, corral.INVALID_PARAMS)
