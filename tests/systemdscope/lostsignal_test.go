@@ -42,6 +42,7 @@ func (h *dropJobRemoved) Terminate()                          { h.inner.Terminat
 // job timeout: the failure drill's daemon-reexec at 64 clients.
 func TestJobsCompleteWithoutJobRemovedSignal(t *testing.T) {
 	harness.Require(t)
+	//lint:ignore SA1019 the test wraps godbus's default handler to drop JobRemoved; there is no other way to reach it
 	h := &dropJobRemoved{inner: dbus.NewDefaultSignalHandler()}
 	dial := func(ctx context.Context) (*sddbus.Conn, error) {
 		n := 0
