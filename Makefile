@@ -86,7 +86,7 @@ bench: build
 	@# The MCP row's baseline, DesktopCommanderMCP, from the npm registry (its
 	@# install scripts send telemetry: not run). Without it the row says why.
 	-npm ci --prefix bench/node --ignore-scripts --no-audit --no-fund --loglevel=error
-	CORRAL_BENCH=1 $(GO) test -run '^TestBenchSuite$$' -count=1 -timeout 15m -v ./bench/
+	CORRAL_BENCH=1 $(GO) test -run '^TestBenchSuite$$' -count=1 -timeout 45m -v ./bench/
 	@echo "== store: durable transitions per second under concurrent writers"
 	$(GO) test -run '^$$' -bench '^BenchmarkTransitions' -benchtime 2s ./store/
 
