@@ -158,20 +158,53 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 			if more := FDsAbove(h.d.Pid(), h.fdBaseList, filepath.Join(h.state, store.FileName)); more != "" {
 				left = append(left, more)
 			}
+			goLeft := -1
 			if h.metrics != "" {
 				// Connections and followers of the load end asynchronously.
 				if n, err := Goroutines(ctx, h.metrics); err != nil {
 					left = append(left, err.Error())
 				} else if n > h.goBase {
+					goLeft = len(left)
 					left = append(left, fmt.Sprintf("daemon runs %d goroutines, %d before the load", n, h.goBase))
 				}
 			}
 			if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+				if goLeft >= 0 {
+					left[goLeft] += " (" + h.goroutineDump(run) + ")"
+				}
 				return left
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+}
+
+// goroutineDump ends the daemon with SIGQUIT, so that the Go runtime
+// writes every goroutine's stack to its log, and copies that log beside
+// the report (-drill.report): what a goroutine left behind is, for whoever
+// reads the report. The phase's checks are done by then; the daemon is
+// not used again.
+func (h *hostEnv) goroutineDump(run string) string {
+	if *flagReport == "" {
+		return "no goroutine dump without -drill.report"
+	}
+	if err := h.d.Signal(syscall.SIGQUIT); err != nil {
+		return fmt.Sprintf("no goroutine dump: %v", err)
+	}
+	select {
+	case <-h.d.Done():
+	case <-time.After(10 * time.Second):
+		return "no goroutine dump: the daemon did not exit on SIGQUIT"
+	}
+	b, err := os.ReadFile(h.d.LogPath)
+	if err != nil {
+		return fmt.Sprintf("no goroutine dump: %v", err)
+	}
+	dst := filepath.Join(*flagReport, fmt.Sprintf("goroutines-%s-%s.log", run, filepath.Base(h.dir)))
+	if err := os.WriteFile(dst, b, 0o644); err != nil {
+		return fmt.Sprintf("no goroutine dump: %v", err)
+	}
+	return "goroutine dump: " + dst
 }
 
 // phase runs one fault's drill on h's daemon.
