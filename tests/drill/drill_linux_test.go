@@ -171,6 +171,8 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 			if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
 				if goLeft >= 0 {
 					left[goLeft] += " (" + h.goroutineDump(run) + ")"
+				} else if len(left) > 0 {
+					left[0] += " (" + h.keepLog(run) + ")"
 				}
 				return left
 			}
@@ -180,10 +182,9 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 }
 
 // goroutineDump ends the daemon with SIGQUIT, so that the Go runtime
-// writes every goroutine's stack to its log, and copies that log beside
-// the report (-drill.report): what a goroutine left behind is, for whoever
-// reads the report. The phase's checks are done by then; the daemon is
-// not used again.
+// writes every goroutine's stack to its log, and keeps that log (keepLog):
+// what a goroutine left behind is, for whoever reads the report. The
+// phase's checks are done by then; the daemon is not used again.
 func (h *hostEnv) goroutineDump(run string) string {
 	if *flagReport == "" {
 		return "no goroutine dump without -drill.report"
@@ -196,15 +197,25 @@ func (h *hostEnv) goroutineDump(run string) string {
 	case <-time.After(10 * time.Second):
 		return "no goroutine dump: the daemon did not exit on SIGQUIT"
 	}
+	return "goroutine dump in " + h.keepLog(run)
+}
+
+// keepLog copies the daemon's log (in the test's temporary directory,
+// removed at its end) beside the report, for a phase that left something
+// behind, and returns where.
+func (h *hostEnv) keepLog(run string) string {
+	if *flagReport == "" {
+		return "daemon log not kept without -drill.report"
+	}
 	b, err := os.ReadFile(h.d.LogPath)
 	if err != nil {
-		return fmt.Sprintf("no goroutine dump: %v", err)
+		return fmt.Sprintf("daemon log not kept: %v", err)
 	}
-	dst := filepath.Join(*flagReport, fmt.Sprintf("goroutines-%s-%s.log", run, filepath.Base(h.dir)))
+	dst := filepath.Join(*flagReport, fmt.Sprintf("corrald-%s-%s-%d.log", run, strings.ReplaceAll(h.t.Name(), "/", "-"), h.runs))
 	if err := os.WriteFile(dst, b, 0o644); err != nil {
-		return fmt.Sprintf("no goroutine dump: %v", err)
+		return fmt.Sprintf("daemon log not kept: %v", err)
 	}
-	return "goroutine dump: " + dst
+	return "daemon log: " + dst
 }
 
 // phase runs one fault's drill on h's daemon.
