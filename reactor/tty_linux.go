@@ -17,6 +17,9 @@ package reactor
 import (
 	"context"
 	"os"
+	"os/user"
+	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -38,10 +41,25 @@ type terminal struct {
 	veof     byte   // the terminal's end-of-file character (usually ^D)
 }
 
+// ttyGroup is the gid of the "tty" group, looked up once (os/user reads
+// /etc/group): the group login(1) and devpts give a terminal, so that
+// write(1) and wall(1), setgid tty, can write to it and nobody else can.
+// ok is false where the host has no such group.
+var ttyGroup = sync.OnceValues(func() (gid int, ok bool) {
+	g, err := user.LookupGroup("tty")
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(g.Gid)
+	return n, err == nil
+})
+
 // openPty returns a new pty pair: the master non-blocking and close-on-exec
 // (ours), the slave as the child's stdin, stdout and stderr, sized size.
-// uid and gid own the slave, as login(1) would arrange, so that the child
-// may change its own terminal's modes and permissions.
+// uid owns the slave, as login(1) would arrange, so that the child may
+// change its own terminal's modes and permissions: group tty and mode 0620
+// where the host has a tty group, else the caller's gid and mode 0600 (the
+// caller's primary group, often shared, never gets write access to it).
 func openPty(size api.TTYSize, uid, gid uint32) (master int, slave *os.File, err error) {
 	master, err = unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -66,8 +84,12 @@ func openPty(size api.TTYSize, uid, gid uint32) (master int, slave *os.File, err
 	}
 	if os.Geteuid() == 0 {
 		// Best effort: the terminal works without it.
-		_ = unix.Fchown(int(sfd), int(uid), int(gid))
-		_ = unix.Fchmod(int(sfd), 0o620)
+		group, mode := int(gid), uint32(0o600)
+		if tty, ok := ttyGroup(); ok {
+			group, mode = tty, 0o620
+		}
+		_ = unix.Fchown(int(sfd), int(uid), group)
+		_ = unix.Fchmod(int(sfd), mode)
 	}
 	return master, slave, nil
 }

@@ -104,6 +104,15 @@ func TestTerminalShell(t *testing.T) {
 			tm.typeIn("for f in 0 1 2; do [ -t $f ] && echo isatty$f; done; echo done\n")
 			tm.expect("isatty0\r\nisatty1\r\nisatty2\r\ndone")
 			tm.expect("corral$ ")
+			// The terminal is the caller's, group tty, 0620: as login(1)
+			// leaves it, not writable by the caller's primary group.
+			tm.typeIn("stat -c 'owner=%u:%G:%a' \"$(tty)\"\n")
+			wantOwner := "owner=0:tty:620"
+			if pool {
+				wantOwner = "owner=65534:tty:620"
+			}
+			tm.expect(wantOwner)
+			tm.expect("corral$ ")
 			// Its own session, with the terminal as controlling terminal.
 			// pid, session and tty_nr of the shell (/proc/PID/stat fields 1, 6, 7).
 			tm.typeIn("cut -d' ' -f1,6,7 /proc/$$/stat\n")
