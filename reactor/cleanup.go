@@ -234,8 +234,10 @@ func (r *Reactor) finishCleanup(e *execution, leftover string) {
 				errs = append(errs, fmt.Errorf("remove scope %s: %w", sc.Name(), err))
 			}
 		}
+		release := func() {}
 		if work != "" {
-			if err := removeWorkspace(work); err != nil {
+			var err error
+			if release, err = removeWorkspaceHeld(work); err != nil {
 				errs = append(errs, fmt.Errorf("remove workspace: %w", err))
 			}
 		}
@@ -247,6 +249,10 @@ func (r *Reactor) finishCleanup(e *execution, leftover string) {
 					leftover = err.Error()
 				}
 			}
+			// The workspace is gone; the file system frees its inode
+			// once the cleaned record is durable and told (toCleaned),
+			// off the answer's path (see removeWorkspaceHeld).
+			e.releaseWork = release
 			r.toCleaned(e, leftover)
 		})
 	}()

@@ -738,6 +738,42 @@ func TestWorkspaceForUnprivilegedUser(t *testing.T) {
 	}
 }
 
+// TestWorkspaceGoneAndReleased: at cleaned the workspace is gone from the
+// file system, and the daemon lets go of the directory right after (it holds
+// it across the removal so that the inode is freed off the answer's path):
+// no descriptor of the daemon still points at it.
+func TestWorkspaceGoneAndReleased(t *testing.T) {
+	state := t.TempDir()
+	tr := newTestReactor(t, func(c *Config) { c.StateDir = state })
+	for i := 0; i < 3; i++ {
+		rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "mkdir d; echo x > d/f; echo y > f"}})
+		if rec.ExitCode == nil || *rec.ExitCode != 0 || rec.Workspace == nil {
+			t.Fatalf("run in a workspace: exit %v, workspace %v", rec.ExitCode, rec.Workspace)
+		}
+		ws := *rec.Workspace
+		if _, err := os.Stat(ws); !os.IsNotExist(err) {
+			t.Fatalf("workspace %s still exists after cleaned: %v", ws, err)
+		}
+		held := func() []string {
+			var fds []string
+			ents, _ := os.ReadDir("/proc/self/fd")
+			for _, e := range ents {
+				if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.HasPrefix(l, ws) {
+					fds = append(fds, e.Name()+" -> "+l)
+				}
+			}
+			return fds
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for len(held()) > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if h := held(); len(h) > 0 {
+			t.Fatalf("5s after cleaned the daemon still holds the removed workspace: %v", h)
+		}
+	}
+}
+
 func TestRedactedOutput(t *testing.T) {
 	tr := newTestReactor(t, nil)
 	script := `printf 'token: Bearer abcdefghijklmnop123\nkey AKIAABCDEFGHIJKLMNOP\n'`

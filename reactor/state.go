@@ -63,6 +63,7 @@ type execution struct {
 	scopeEmpty                              bool
 	emptyWatch                              scope.EmptyWatch // cgroup.events in the epoll set during cleanup (cleanup.go), or nil
 	cleaning                                bool             // remove/delete running off-loop
+	releaseWork                             func()           // frees the removed workspace's inode, after cleaned is told (cleanup.go)
 
 	waiters   map[chan api.Record]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}
@@ -288,6 +289,7 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 // scope removed, fds closed, the workspace deleted. Waiters get the record.
 func (r *Reactor) toCleaned(e *execution, leftover string) {
 	if !r.transition(e, api.StateCleaned) {
+		r.releaseWorkspace(e)
 		return
 	}
 	now := time.Now()
@@ -324,10 +326,21 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 			f.finish(rec)
 		}
 		e.followers = nil
+		r.releaseWorkspace(e)
 		if ok {
 			delete(r.execs, e.id)
 		}
 		// Not durable: it stays in memory, answering clients, until a
 		// retry writes it (markDirty).
 	}, keptForStore(e)...)
+}
+
+// releaseWorkspace lets the file system free e's removed workspace (see
+// removeWorkspaceHeld), off the loop: on ext4 that is a journaled inode
+// free, most of what an rmdir costs. Loop goroutine only.
+func (r *Reactor) releaseWorkspace(e *execution) {
+	if e.releaseWork != nil {
+		go e.releaseWork()
+		e.releaseWork = nil
+	}
 }
