@@ -308,9 +308,7 @@ func (r *Reactor) killAdopted(e *execution) {
 		r.killTree(e)
 		return
 	}
-	if sc := e.sc; sc != nil {
-		go func() { _ = sc.Kill() }()
-	}
+	r.killScope(e) // a failure is retried by the cleanup, as killTree's
 }
 
 // reapAdopted runs when an adopted execution's pidfd is readable. A child

@@ -39,14 +39,7 @@ func (r *Reactor) killTree(e *execution) {
 			r.log.Warn().Err(err).Str("exec_id", e.id).Msg("kill main process")
 		}
 	}
-	if sc, id := e.sc, e.id; sc != nil {
-		go func() {
-			// ENODEV/ENOENT: the scope is already gone, nothing to kill.
-			if err := sc.Kill(); err != nil && !errors.Is(err, unix.ENODEV) && !errors.Is(err, os.ErrNotExist) {
-				r.log.Warn().Err(err).Str("exec_id", id).Msg("kill tree")
-			}
-		}()
-	}
+	r.killScope(e)
 	if e.state.Finished() || e.killWait != nil {
 		return
 	}
@@ -57,6 +50,94 @@ func (r *Reactor) killTree(e *execution) {
 		r.toExited(e, exitResult{forced: fmt.Sprintf(
 			"main process %d did not exit %v after SIGKILL (uninterruptible sleep?)", e.rec.PID, r.cfg.KillWait)})
 	})
+}
+
+// Retrying a failed tree kill or scope removal during cleanup: after
+// retryFirst, doubling up to retryMax. A kill or removal that fails for
+// want of a resource (transient: out of fds, memory) is retried for as long
+// as it fails, since the tree is not gone until it succeeds (tests/drill,
+// emfile: at corrald's fd limit the cgroup.kill write failed, nothing
+// retried it, and a "sleep 30" outlived its cleaned record in a cgroup no
+// one removed); any other failure for --kill-wait, then the record says
+// what is left.
+const (
+	retryFirst = 10 * time.Millisecond
+	retryMax   = 500 * time.Millisecond
+)
+
+// retryDelay is the wait before the next attempt after fails failures in a
+// row.
+func retryDelay(fails int) time.Duration {
+	d := retryFirst
+	for i := 1; i < fails && d < retryMax; i++ {
+		d *= 2
+	}
+	return min(d, retryMax)
+}
+
+// transient reports whether err is a lack of a resource that passes: out
+// of file descriptors (EMFILE, ENFILE), memory or buffers (ENOMEM,
+// ENOBUFS), EAGAIN, EINTR. Retrying such a failure is what cures it.
+func transient(err error) bool {
+	for _, errno := range []unix.Errno{unix.EMFILE, unix.ENFILE, unix.ENOMEM, unix.ENOBUFS, unix.EAGAIN, unix.EINTR} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
+}
+
+// killScope sends SIGKILL to every process of e's scope, off the loop (the
+// backend may need to open files or talk D-Bus), and records on the loop
+// whether it got through (scopeKilled). One at a time per execution.
+func (r *Reactor) killScope(e *execution) {
+	sc := e.sc
+	if sc == nil || e.killing {
+		return
+	}
+	e.killing = true
+	go func() {
+		err := sc.Kill()
+		// ENODEV/ENOENT: the scope is already gone, nothing to kill.
+		if errors.Is(err, unix.ENODEV) || errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+		r.post(func() { r.scopeKilled(e, err) })
+	}()
+}
+
+// scopeKilled records the end of a killScope: a kill that got through
+// starts --kill-wait's count (killedAt); a failed one is logged with why
+// and is retried by the cleanup poll (retryKill) while the scope is
+// populated. Loop goroutine only.
+func (r *Reactor) scopeKilled(e *execution, err error) {
+	e.killing = false
+	now := time.Now()
+	if err == nil {
+		e.killErr, e.killFails = nil, 0
+		if e.killedAt.IsZero() {
+			e.killedAt = now
+		}
+		return
+	}
+	e.killErr = err
+	e.killFails++
+	delay := retryDelay(e.killFails)
+	e.killNext = now.Add(delay)
+	if !transient(err) && e.killedAt.IsZero() {
+		// Retrying may not cure it: --kill-wait bounds the wait from here.
+		e.killedAt = now
+	}
+	r.log.Warn().Err(err).Str("exec_id", e.id).Int("attempt", e.killFails).Bool("transient", transient(err)).
+		Dur("retry_in", delay).Msg("kill tree failed; retrying while its scope is populated")
+}
+
+// retryKill resends a tree kill that failed, once its backoff has passed,
+// while cleanup waits for a populated scope. Loop goroutine only.
+func (r *Reactor) retryKill(e *execution) {
+	if e.killErr != nil && !e.killing && !time.Now().Before(e.killNext) {
+		r.killScope(e)
+	}
 }
 
 // startCleanup kills what is left of the tree and waits, bounded, until the
@@ -74,6 +155,11 @@ func (r *Reactor) killTree(e *execution) {
 // cleaned 7.5 ms p50 polled from 2 ms, 14.9 ms watched alone), while a tree
 // that takes long to die is seen at once by the watch instead of at the
 // next, up to 50 ms, tick.
+//
+// While the scope is populated, each tick also resends a tree kill that
+// failed (retryKill, with its own backoff), and --kill-wait counts from the
+// kill that got through (cleanupOverdue): a tree that was never killed is
+// not given up on as "survived SIGKILL".
 func (r *Reactor) startCleanup(e *execution) {
 	if e.sc == nil {
 		r.finishCleanup(e, "")
@@ -90,16 +176,23 @@ func (r *Reactor) startCleanup(e *execution) {
 	} else {
 		r.watchEmpty(e)
 	}
-	deadline := time.Now().Add(r.cfg.KillWait)
+	began := time.Now()
 	interval := time.Millisecond
+	emptyErrs := 0
 	var poll func()
 	poll = func() {
 		e.reap = nil
 		empty := e.scopeEmpty
+		var err error
 		if !empty {
-			var err error
 			if empty, err = e.sc.Empty(); err != nil {
-				r.log.Warn().Err(err).Str("exec_id", e.id).Msg("check scope empty")
+				// Once per cleanup at Warn: at the fd limit every tick
+				// fails alike.
+				ev := r.log.Debug()
+				if emptyErrs++; emptyErrs == 1 {
+					ev = r.log.Warn()
+				}
+				ev.Err(err).Str("exec_id", e.id).Int("failures", emptyErrs).Msg("check scope empty")
 			}
 		}
 		if empty {
@@ -109,8 +202,10 @@ func (r *Reactor) startCleanup(e *execution) {
 			}
 			// Scope empty but a pipe is still open: a process outside the
 			// scope holds it. Give the pipes the rest of the deadline.
+		} else {
+			r.retryKill(e)
 		}
-		if time.Now().After(deadline) {
+		if r.cleanupOverdue(e, began, empty, err) {
 			r.forceCleanup(e, empty)
 			return
 		}
@@ -119,6 +214,27 @@ func (r *Reactor) startCleanup(e *execution) {
 	}
 	e.reap = r.loop.AfterFunc(interval, poll)
 	interval *= 2
+}
+
+// cleanupOverdue reports whether cleanup has waited --kill-wait and gives
+// up: counted from began (the start of cleanup) for an empty scope whose
+// pipe is held open, and for a populated one from the later of began and
+// the kill that reached the tree (or failed in a way retrying does not
+// cure). It never gives up on a tree no kill has reached yet, nor while
+// the scope cannot be read for want of a resource (emptyErr transient):
+// the tree may well be alive, and cleaned would then be a lie.
+func (r *Reactor) cleanupOverdue(e *execution, began time.Time, empty bool, emptyErr error) bool {
+	if empty {
+		return time.Since(began) > r.cfg.KillWait
+	}
+	if e.killedAt.IsZero() || transient(emptyErr) {
+		return false
+	}
+	from := began
+	if e.killedAt.After(from) {
+		from = e.killedAt
+	}
+	return time.Since(from) > r.cfg.KillWait
 }
 
 // scopeEmptied records that e's scope was seen empty and finishes the
@@ -195,7 +311,12 @@ func (r *Reactor) forceCleanup(e *execution, empty bool) {
 			n = int(st.Tasks)
 		}
 		e.rec.LeftoverTasks = n
-		why = fmt.Sprintf("processes of the tree still alive %v after SIGKILL (uninterruptible sleep?)", r.cfg.KillWait)
+		e.survivors = true
+		if e.killErr != nil {
+			why = fmt.Sprintf("processes of the tree still alive %v after killing it failed: %v", r.cfg.KillWait, e.killErr)
+		} else {
+			why = fmt.Sprintf("processes of the tree still alive %v after SIGKILL (uninterruptible sleep?)", r.cfg.KillWait)
+		}
 	} else {
 		why = "an output pipe was still held open by a process outside the scope; closed it"
 	}
@@ -204,7 +325,7 @@ func (r *Reactor) forceCleanup(e *execution, empty bool) {
 }
 
 // finishCleanup closes e's fds on the loop, then removes the scope and the
-// workspace off the loop, then posts toCleaned.
+// workspace off the loop (removeScope), then moves to cleaned.
 func (r *Reactor) finishCleanup(e *execution, leftover string) {
 	if e.cleaning {
 		return
@@ -220,7 +341,13 @@ func (r *Reactor) finishCleanup(e *execution, leftover string) {
 		r.closeStdin(e)
 	}
 	r.unparkFds(e, "")
-	sc, work, id := e.sc, e.work, e.id
+	r.removeScope(e, leftover)
+}
+
+// removeScope removes e's scope and workspace off the loop and posts the
+// result to scopeRemoved. Idempotent, so a failed removal can run again.
+func (r *Reactor) removeScope(e *execution, leftover string) {
+	sc, work := e.sc, e.work
 	go func() {
 		// The scope reads empty once its processes have exited, which is
 		// before they are reaped: the killed descendants that were
@@ -228,32 +355,65 @@ func (r *Reactor) finishCleanup(e *execution, leftover string) {
 		// SIGCHLD is handled. Reap them now, so that none outlives
 		// cleaned.
 		r.reaper.reapOrphans()
-		var errs []error
+		var serr, werr error
 		if sc != nil {
 			if err := sc.Remove(); err != nil {
-				errs = append(errs, fmt.Errorf("remove scope %s: %w", sc.Name(), err))
+				serr = fmt.Errorf("remove scope %s: %w", sc.Name(), err)
 			}
 		}
 		release := func() {}
 		if work != "" {
 			var err error
 			if release, err = removeWorkspaceHeld(work); err != nil {
-				errs = append(errs, fmt.Errorf("remove workspace: %w", err))
+				werr = fmt.Errorf("remove workspace: %w", err)
 			}
 		}
-		err := errors.Join(errs...)
-		r.post(func() {
-			if err != nil {
-				r.log.Warn().Err(err).Str("exec_id", id).Msg("cleanup")
-				if leftover == "" {
-					leftover = err.Error()
-				}
-			}
-			// The workspace is gone; the file system frees its inode
-			// once the cleaned record is durable and told (toCleaned),
-			// off the answer's path (see removeWorkspaceHeld).
-			e.releaseWork = release
-			r.toCleaned(e, leftover)
-		})
+		r.post(func() { r.scopeRemoved(e, leftover, serr, werr, release) })
 	}()
+}
+
+// scopeRemoved moves e to cleaned once its scope and workspace are
+// removed. A failed removal is logged with why and retried after a backoff
+// on the loop's timer (a scope found busy is killed again first): for as
+// long as it fails for want of a resource, else for --kill-wait; then the
+// record says what is left. A scope whose processes survived SIGKILL
+// (forceCleanup) cannot be removed and is not retried. Loop goroutine only.
+//
+// release frees the removed workspace's inode (removeWorkspaceHeld): once
+// cleaned is durable and told (toCleaned), or at once before a retry.
+func (r *Reactor) scopeRemoved(e *execution, leftover string, serr, werr error, release func()) {
+	err := errors.Join(serr, werr)
+	if err == nil {
+		// The workspace is gone; the file system frees its inode once
+		// the cleaned record is durable and told (toCleaned), off the
+		// answer's path (see removeWorkspaceHeld).
+		e.releaseWork = release
+		r.toCleaned(e, leftover)
+		return
+	}
+	now := time.Now()
+	if e.removeFails++; e.removeFails == 1 {
+		e.removeFailedAt = now
+	}
+	if !e.survivors && (transient(err) || now.Sub(e.removeFailedAt) < r.cfg.KillWait) {
+		delay := retryDelay(e.removeFails)
+		r.log.Warn().Err(err).Str("exec_id", e.id).Int("attempt", e.removeFails).Bool("transient", transient(err)).
+			Dur("retry_in", delay).Msg("cleanup: removal failed; retrying")
+		if errors.Is(serr, unix.EBUSY) {
+			r.killScope(e) // still populated after all
+		}
+		go release()
+		r.stopTimer(&e.reap)
+		e.reap = r.loop.AfterFunc(delay, func() {
+			e.reap = nil
+			r.removeScope(e, leftover)
+		})
+		return
+	}
+	r.log.Warn().Err(err).Str("exec_id", e.id).Int("attempts", e.removeFails).Msg("cleanup")
+	if leftover == "" {
+		leftover = err.Error()
+	}
+	e.releaseWork = release
+	r.toCleaned(e, leftover)
 }

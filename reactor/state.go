@@ -65,6 +65,21 @@ type execution struct {
 	cleaning                                bool             // remove/delete running off-loop
 	releaseWork                             func()           // frees the removed workspace's inode, after cleaned is told (cleanup.go)
 
+	// The tree kill and the scope's removal, retried while they fail
+	// (cleanup.go): a kill in flight; the last kill's failure (nil once one
+	// got through) and how many in a row, and when to retry; when a kill
+	// first reached the tree (--kill-wait counts from it); failed removals
+	// and when the first failed; survivors: cleanup gave up on a populated
+	// scope, which cannot be removed.
+	killing        bool
+	killErr        error
+	killFails      int
+	killNext       time.Time
+	killedAt       time.Time
+	removeFails    int
+	removeFailedAt time.Time
+	survivors      bool
+
 	waiters   map[chan api.Record]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}
 	done      bool            // cleaned, and durable: waiters are answered at once
