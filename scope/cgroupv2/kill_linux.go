@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,14 +44,23 @@ const signalRounds = 5
 // forks: best effort against a fork bomb, where Kill's cgroup.kill is the
 // real answer. A removed d is not an error. Blocking: up to ~100ms waiting
 // for the freeze.
+//
+// cgroup.freeze stays open from the freeze to the thaw, so thawing needs no
+// new file descriptor: at the fd limit (tests/drill, emfile) a thaw that
+// opened the file anew failed with EMFILE and left the tree frozen, a
+// running execution's included (exec.signal).
 func (d Dir) Signal(sig unix.Signal) (err error) {
 	if !d.Exists() {
 		return nil
 	}
 	rounds := 1
-	if d.Write("cgroup.freeze", "1") == nil {
+	if f, ferr := d.freeze(); ferr == nil {
 		defer func() {
-			if terr := d.Write("cgroup.freeze", "0"); terr != nil && !Gone(terr) {
+			_, terr := f.WriteAt([]byte("0"), 0)
+			if cerr := f.Close(); terr == nil {
+				terr = cerr
+			}
+			if terr != nil && !Gone(terr) {
 				err = errors.Join(err, fmt.Errorf("thaw cgroup %s: %w", d, terr))
 			}
 		}()
@@ -68,6 +78,20 @@ func (d Dir) Signal(sig unix.Signal) (err error) {
 		}
 	}
 	return nil
+}
+
+// freeze writes "1" to d's cgroup.freeze and returns the file, open, for
+// the thaw.
+func (d Dir) freeze() (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(string(d), "cgroup.freeze"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.WriteAt([]byte("1"), 0); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // signalOnce sends sig to every pid listed under d, once, and returns how

@@ -3,6 +3,7 @@ package cgroupv2
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -91,4 +92,94 @@ func TestGoneIsNotAnError(t *testing.T) {
 	if err := d.Destroy(ctx); err != nil {
 		t.Errorf("Destroy of a removed cgroup = %v, want nil", err)
 	}
+}
+
+// TestSignalThawsAtFDLimit: the fds run out while Signal has the tree
+// frozen (corrald at its fd limit, tests/drill emfile): listing the pids
+// fails, and the tree must still end thawed, not stay frozen. The thaw
+// reuses the freeze's open file; opening cgroup.freeze anew would fail.
+func TestSignalThawsAtFDLimit(t *testing.T) {
+	for attempt := 1; ; attempt++ {
+		serr, frozen := signalRunningOutOfFDs(t)
+		if !errors.Is(serr, unix.EMFILE) {
+			// The fds were not taken while the tree was frozen (the
+			// filler came late, after the 100ms freeze wait): try again.
+			if attempt < 5 {
+				continue
+			}
+			t.Fatalf("Signal = %v; want EMFILE listing the pids (the test's premise) in 5 attempts", serr)
+		}
+		if frozen != "0" {
+			t.Errorf("cgroup.freeze = %q after Signal failed at the fd limit; want \"0\": the tree was left frozen", frozen)
+		}
+		return
+	}
+}
+
+// signalRunningOutOfFDs runs Signal(SIGCONT) on a fake cgroup that never
+// reports frozen (so Signal waits 100ms for it) while a goroutine takes
+// every free fd as soon as cgroup.freeze reads "1". It returns Signal's
+// error and cgroup.freeze afterwards.
+func signalRunningOutOfFDs(t *testing.T) (error, string) {
+	t.Helper()
+	d := Dir(filepath.Join(t.TempDir(), "c"))
+	writeFiles(t, d.Path(), map[string]string{"cgroup.freeze": "0", "cgroup.events": "frozen 0\n"})
+	startSleep(t, d)
+	ff, err := os.Open(filepath.Join(d.Path(), "cgroup.freeze"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ff.Close()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	free, err := unix.Dup(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(free)
+	lim := unix.Rlimit{Cur: uint64(free + 32), Max: old.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	taken := make(chan []int, 1)
+	stop := make(chan struct{})
+	go func() {
+		var fds []int
+		defer func() { taken <- fds }()
+		buf := make([]byte, 1)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if n, _ := ff.ReadAt(buf, 0); n == 1 && buf[0] == '1' {
+				break
+			}
+		}
+		for {
+			fd, err := unix.Dup(0)
+			if err != nil {
+				return
+			}
+			fds = append(fds, fd)
+		}
+	}()
+	serr := d.Signal(unix.SIGCONT)
+	close(stop)
+	for _, fd := range <-taken {
+		unix.Close(fd)
+	}
+	got, err := d.Read("cgroup.freeze")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serr, string(got)
 }
