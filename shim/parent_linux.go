@@ -18,40 +18,148 @@ const (
 	childConfigFD  = 3 // sealed memfd with the JSON Config
 	childErrFD     = 4 // write end of the exec-error pipe
 	childReleaseFD = 5 // read end of the release pipe (only when Hold)
+	// childBinaryFD is the pinned corral-shim (UseBinary) in the child: the
+	// file the child execs, as /proc/self/fd/6.
+	childBinaryFD = 6
 )
 
 // selfExe is what the shim is started from by default: the running binary.
 // Tests work unchanged because their TestMain dispatches to Main.
 const selfExe = "/proc/self/exe"
 
-// binary is what Wrap and WrapPooled start: selfExe, or the corral-shim
-// that UseBinary pinned. Set once, before the first Wrap.
-var binary = selfExe
+// pin is the corral-shim that UseBinary pinned: what Wrap and WrapPooled
+// start instead of selfExe. f nil: none, start selfExe.
+var pin struct {
+	mu       sync.Mutex
+	f        *os.File // our own descriptor of it, close-on-exec; never closed
+	dev, ino uint64   // what f referred to when pinned
+	path     string   // where it was opened, to pin it again from
+	lost     func(error)
+	// retired are descriptors found to name another file (see binary):
+	// kept reachable, so that no finalizer closes what is someone
+	// else's number now.
+	retired []*os.File
+}
 
 // UseBinary makes Wrap and WrapPooled start the shim from f, an executable
 // whose main calls Main (cmd/corral-shim), instead of re-executing the
 // running binary. A small shim starts faster than corrald, whose package
 // initialisation (SQLite, D-Bus, logging) every shim would otherwise pay.
 // UseBinary keeps its own descriptor of f for the life of the process (the
-// caller may close f) and children exec /proc/self/fd/<it>, so what runs is
-// the file opened now even if its path is replaced later (an upgrade while
-// the daemon runs cannot mix versions). That descriptor is numbered at
-// least pinnedFDMin: in the child, between fork and exec, os/exec moves
-// ExtraFiles onto fds 3, 4, 5 and parks others just above them, and a
-// pinned fd among those would be overwritten before the exec reads it.
-// Call it once, before the first Wrap; not safe for concurrent use with
-// Wrap.
-func UseBinary(f *os.File) error {
-	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, pinnedFDMin)
+// caller may close f), so what runs is the file opened now even if its
+// path is replaced later (an upgrade while the daemon runs cannot mix
+// versions).
+//
+// The child gets that descriptor among its own files, at childBinaryFD, and
+// execs /proc/self/fd/6: a number os/exec itself puts there between fork and
+// exec. Exec'ing the daemon's own number instead (/proc/self/fd/<n>) is not
+// safe at any n: in the child the Go runtime parks its exec-error pipe,
+// and any fd it must move, on the numbers just above the highest fd the
+// child is given, so with about n fds open in the daemon (the child's
+// stdout at n-1) the pipe lands on n and the exec opens a pipe: EACCES
+// ("fork/exec /proc/self/fd/100: permission denied" under load, CI's
+// intermittent failure after reloads).
+//
+// The descriptor is one that nothing else in the process may close; if
+// something does anyway (a double close of a number since reused), the
+// number soon names another file. So each Wrap first checks that the
+// descriptor still is the file pinned (fstat: same device and inode); when
+// it is not, it calls lost with an error saying what the descriptor is now,
+// and pins the file again from its path if that still is the same file
+// (else it falls back to selfExe). lost may be nil. Call UseBinary once,
+// before the first Wrap.
+func UseBinary(f *os.File, lost func(error)) error {
+	own, err := pinFile(f)
 	if err != nil {
-		return fmt.Errorf("shim: pin %s: %w", f.Name(), os.NewSyscallError("fcntl F_DUPFD_CLOEXEC", err))
+		return fmt.Errorf("shim: pin %s: %w", f.Name(), err)
 	}
-	binary = "/proc/self/fd/" + strconv.Itoa(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(int(own.Fd()), &st); err != nil {
+		own.Close()
+		return fmt.Errorf("shim: pin %s: %w", f.Name(), os.NewSyscallError("fstat", err))
+	}
+	pin.mu.Lock()
+	defer pin.mu.Unlock()
+	pin.f, pin.dev, pin.ino, pin.path, pin.lost = own, st.Dev, st.Ino, f.Name(), lost
 	return nil
 }
 
-// pinnedFDMin is the lowest fd UseBinary pins the shim at: far above the
-// fds os/exec rearranges in a child (3 + len(ExtraFiles), twice over).
+// pinFile returns a close-on-exec duplicate of f numbered at least
+// pinnedFDMin, out of the way of the low numbers a process's early files
+// take.
+func pinFile(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, pinnedFDMin)
+	if err != nil {
+		return nil, os.NewSyscallError("fcntl F_DUPFD_CLOEXEC", err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// binary is what Wrap and WrapPooled start, and the file to pass the child
+// at childBinaryFD: the pinned shim, checked (see UseBinary), or selfExe
+// and nil.
+func binary() (string, *os.File) {
+	pin.mu.Lock()
+	if pin.f == nil {
+		pin.mu.Unlock()
+		return selfExe, nil
+	}
+	fd := int(pin.f.Fd())
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) == nil && st.Dev == pin.dev && st.Ino == pin.ino {
+		f := pin.f
+		pin.mu.Unlock()
+		return pinnedPath, f
+	}
+	now, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		now = "closed"
+	}
+	lostErr := fmt.Errorf("shim: the pinned %s (fd %d) was closed by something else in the process: fd %d is now %s", pin.path, fd, fd, now)
+	// That number is someone else's now: never ours to close.
+	pin.retired = append(pin.retired, pin.f)
+	pin.f = nil
+	if f, err := repinLocked(); err != nil {
+		lostErr = fmt.Errorf("%w; cannot pin it again (%v): starting shims from the running binary", lostErr, err)
+	} else {
+		pin.f = f
+		lostErr = fmt.Errorf("%w; pinned again at fd %d", lostErr, f.Fd())
+	}
+	path, f, lost := selfExe, pin.f, pin.lost
+	if f != nil {
+		path = pinnedPath
+	}
+	pin.mu.Unlock()
+	if lost != nil {
+		lost(lostErr)
+	}
+	return path, f
+}
+
+// pinnedPath is what a child started from the pinned shim execs.
+const pinnedPath = "/proc/self/fd/6"
+
+// repinLocked opens pin.path again, if it still is the file pinned, and
+// returns a descriptor of it numbered as UseBinary's. pin.mu held.
+func repinLocked() (*os.File, error) {
+	f, err := os.Open(pin.path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, os.NewSyscallError("fstat", err)
+	}
+	if st.Dev != pin.dev || st.Ino != pin.ino {
+		return nil, fmt.Errorf("%s was replaced since it was pinned", pin.path)
+	}
+	return pinFile(f)
+}
+
+// pinnedFDMin is the lowest fd UseBinary pins the shim at. The number
+// does not matter to the child (it gets the file at childBinaryFD); a
+// high one only keeps the pin clear of the numbers early files take.
 const pinnedFDMin = 100
 
 // shimArgv0 is the shim's argv[0], visible in ps until the command execs.
@@ -134,15 +242,14 @@ func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
 	if err := h.openErrPipe(); err != nil {
 		return nil, err
 	}
-	files := []*os.File{h.config, h.errW}
 	if cfg.Hold {
 		if h.releaseR, h.releaseW, err = os.Pipe(); err != nil {
 			return nil, fmt.Errorf("shim: release pipe: %w", err)
 		}
-		files = append(files, h.releaseR)
 	}
-
-	cmd.Path = binary
+	var bin *os.File
+	cmd.Path, bin = binary()
+	files := childFiles(h.config, h.errW, h.releaseR, bin)
 	cmd.Args = []string{shimArgv0, Arg}
 	// The shim's own environment, never the command's (that is cfg.Env,
 	// passed in the config): one P keeps the held shim at few threads,
@@ -153,6 +260,17 @@ func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
 	cmd.ExtraFiles = files
 	ok = true
 	return h, nil
+}
+
+// childFiles is a shim's cmd.ExtraFiles: config, errW, release (or nil:
+// closed in the child) onto fds 3, 4 and 5, and the pinned binary, if
+// any, onto childBinaryFD.
+func childFiles(config, errW, release, bin *os.File) []*os.File {
+	files := []*os.File{config, errW, release}
+	if bin != nil {
+		files = append(files, bin)
+	}
+	return files
 }
 
 // writeConfig puts cfg as JSON into a sealed memfd.

@@ -53,12 +53,13 @@ func WrapPooled(cmd *exec.Cmd) (*Handle, error) {
 	}
 	h.dispatch = os.NewFile(uintptr(sp[0]), "corral-shim-dispatch")
 	h.releaseR = os.NewFile(uintptr(sp[1]), "corral-shim-dispatch-child")
-	cmd.Path = binary
+	var bin *os.File
+	cmd.Path, bin = binary()
 	cmd.Args = []string{shimArgv0, Arg}
 	cmd.Env = []string{"GOMAXPROCS=1"}
 	cmd.Dir = ""
 	cmd.Err = nil
-	cmd.ExtraFiles = []*os.File{h.config, h.errW, h.releaseR}
+	cmd.ExtraFiles = childFiles(h.config, h.errW, h.releaseR, bin)
 	ok = true
 	return h, nil
 }

@@ -27,8 +27,13 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == shim.Arg {
 		shim.Main()
 	}
-	if os.Getenv(pinChildEnv) == "1" {
+	switch os.Getenv(pinChildEnv) {
+	case "1":
 		os.Exit(pinChild())
+	case "stolen":
+		os.Exit(pinStolenChild())
+	case "below":
+		os.Exit(pinBelowChild())
 	}
 	os.Exit(testenv.Main(m))
 }
@@ -435,35 +440,191 @@ func pinChild() int {
 		return 1
 	}
 	os.Stdout.WriteString(strconv.Itoa(int(f.Fd())) + "\n")
-	err = shim.UseBinary(f)
+	err = shim.UseBinary(f, nil)
 	f.Close()
 	if err != nil {
 		os.Stderr.WriteString(err.Error() + "\n")
 		return 1
 	}
-	cmd := &exec.Cmd{}
+	if err := runPinned(nil); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	return 0
+}
+
+// runPinned runs true through the pinned shim, held as under systemd:
+// three ExtraFiles, onto fds 3, 4 and 5. stdout, if not nil, is the
+// command's stdout.
+func runPinned(stdout *os.File) error {
+	cmd := &exec.Cmd{Stdout: stdout}
 	// Held, as under systemd: three ExtraFiles, onto fds 3, 4 and 5.
 	h, err := shim.Wrap(cmd, shim.Config{Argv: []string{"true"}, Env: []string{testPath}, Hold: true})
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	h.CloseChildEnds()
+	rerr := h.Release()
+	rep, err := h.WaitExec(10 * time.Second)
+	werr := cmd.Wait()
+	if rep != nil || err != nil || werr != nil || rerr != nil {
+		return fmt.Errorf("%s: release %v, report %+v, WaitExec %v, Wait %v", cmd.Path, rerr, rep, err, werr)
+	}
+	return nil
+}
+
+// pinStolenChild pins its shim, then does what a double close elsewhere
+// in a daemon does to it: closes the pinned number and lets a pipe take
+// it. A command must still run through the shim, and the loss must be
+// reported naming what the number is now. It prints the reports.
+func pinStolenChild() int {
+	exe, err := os.Executable()
+	if err == nil {
+		var f *os.File
+		if f, err = os.Open(exe); err == nil {
+			err = shim.UseBinary(f, func(err error) { fmt.Println("lost:", err) })
+			f.Close()
+		}
+	}
 	if err != nil {
 		os.Stderr.WriteString(err.Error() + "\n")
 		return 1
 	}
-	defer h.Close()
-	if err := cmd.Start(); err != nil {
-		os.Stderr.WriteString("start: " + err.Error() + "\n")
+	fd := pinnedFD(exe)
+	if fd < 0 {
+		os.Stderr.WriteString("no pinned fd\n")
 		return 1
 	}
-	h.CloseChildEnds()
-	if err := h.Release(); err != nil {
-		os.Stderr.WriteString("release: " + err.Error() + "\n")
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
 	}
-	rep, err := h.WaitExec(10 * time.Second)
-	werr := cmd.Wait()
-	if rep != nil || err != nil || werr != nil {
-		os.Stderr.WriteString(fmt.Sprintf("report %+v, WaitExec %v, Wait %v\n", rep, err, werr))
+	// The stray close, and the number reused: atomically, as dup3 does.
+	if err := unix.Dup3(p[0], fd, unix.O_CLOEXEC); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	if err := runPinned(nil); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	if err := runPinned(nil); err != nil { // and again, from the new pin
+		os.Stderr.WriteString(err.Error() + "\n")
 		return 1
 	}
 	return 0
+}
+
+// pinBelowChild pins its shim, then starts a command whose stdout is the
+// fd numbered just below the pinned one: what a daemon with that many fds
+// open hands a child (its newest pipe). It prints the pinned fd.
+func pinBelowChild() int {
+	exe, err := os.Executable()
+	if err == nil {
+		var f *os.File
+		if f, err = os.Open(exe); err == nil {
+			err = shim.UseBinary(f, nil)
+			f.Close()
+		}
+	}
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	pinned := pinnedFD(exe)
+	os.Stdout.WriteString(strconv.Itoa(pinned) + "\n")
+	below := pinned - 1
+	if pinned < 0 || !fdFree(below) {
+		os.Stderr.WriteString(fmt.Sprintf("cannot set up: pinned fd %d, fd below it in use or none\n", pinned))
+		return 1
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	if err := unix.Dup3(p[1], below, unix.O_CLOEXEC); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	unix.Close(p[1])
+	out := os.NewFile(uintptr(below), "stdout")
+	defer out.Close()
+	defer unix.Close(p[0])
+	if err := runPinned(out); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	return 0
+}
+
+// pinnedFD is the fd >= 3 of this process that is exe: the pin.
+func pinnedFD(exe string) int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		fd, _ := strconv.Atoi(e.Name())
+		if l, _ := os.Readlink("/proc/self/fd/" + e.Name()); l == exe && fd >= 3 {
+			return fd
+		}
+	}
+	return -1
+}
+
+func fdFree(fd int) bool {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	return err == unix.EBADF
+}
+
+// TestPinnedShimRunsWhenAChildFdIsJustBelowIt: the bug behind CI's
+// intermittent "fork/exec /proc/self/fd/100: permission denied". In the
+// child, between fork and exec, the Go runtime parks its exec-error pipe
+// (and any fd it must move) just above the highest fd the child is given.
+// When a daemon has about 100 fds open, the child's stdout or a shim pipe
+// is fd 99 and the pipe lands on fd 100: exec of /proc/self/fd/100 then
+// opens a pipe and fails with EACCES, while fd 100 is still corral-shim in
+// the daemon. The shim must run whatever numbers the child's fds have.
+func TestPinnedShimRunsWhenAChildFdIsJustBelowIt(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = []string{pinChildEnv + "=below", testPath}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("a command through a shim pinned at fd %s, its stdout the fd below: %v: %s", strings.TrimSpace(string(out)), err, stderr.String())
+	}
+}
+
+// TestPinnedShimStolenIsReportedAndRepinned: when something closes the
+// pinned shim's descriptor and the number is reused (a pipe here), the
+// next start does not fail with EACCES from exec /proc/self/fd/N: the loss
+// is reported once, naming what the number is now, and the shim is pinned
+// again from its path.
+func TestPinnedShimStolenIsReportedAndRepinned(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = []string{pinChildEnv + "=stolen", testPath}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("a command through a shim whose pinned fd was stolen: %v: %s%s", err, out, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "is now pipe:[") || !strings.Contains(lines[0], "pinned again at fd") {
+		t.Errorf("reports %q; want one, naming the pipe and the new pin", lines)
+	}
 }
 
 // TestUseBinaryPinsAboveRearrangedFDs: a shim binary opened at a low fd

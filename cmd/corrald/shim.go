@@ -45,7 +45,12 @@ func pinShim(flag string, log zerolog.Logger) (string, error) {
 		}
 		return "self", nil
 	}
-	err = shim.UseBinary(f)
+	err = shim.UseBinary(f, func(err error) {
+		// A bug elsewhere in corrald: something closed a descriptor it did
+		// not own. Name it, so that the start that follows is not the
+		// first sign of it (EACCES from exec /proc/self/fd/N).
+		log.Error().Err(err).Str("shim", path).Msg("pinned corral-shim lost")
+	})
 	f.Close() // UseBinary keeps its own descriptor
 	if err != nil {
 		return "", err
