@@ -127,7 +127,8 @@ type targetRow struct {
 	name         string
 	value, limit float64
 	unit         string
-	atLeast      bool // met when value >= limit (else when value <= limit)
+	atLeast      bool   // met when value >= limit (else when value <= limit)
+	detail       string // what the ratio is made of: both sides' p50 and p99 (or range)
 }
 
 // target records a goal met when value <= limit.
@@ -140,11 +141,20 @@ func (s *suite) targetAtLeast(name string, value, limit float64, unit string) {
 	s.targets = append(s.targets, targetRow{name: name, value: value, limit: limit, unit: unit, atLeast: true})
 }
 
+// targetDetail sets what the last recorded target's value is made of (both
+// sides' p50 and p99, or for rates their median and range), printed beside
+// it.
+func (s *suite) targetDetail(format string, args ...any) {
+	if len(s.targets) > 0 {
+		s.targets[len(s.targets)-1].detail = fmt.Sprintf(format, args...)
+	}
+}
+
 func (s *suite) targetTable() {
 	if len(s.targets) == 0 {
 		return
 	}
-	fmt.Fprintf(&s.out, "\n### Targets\n\n| target | measured | limit | met |\n|---|---|---|---|\n")
+	fmt.Fprintf(&s.out, "\n### Targets\n\n| target | measured | limit | met | from |\n|---|---|---|---|---|\n")
 	for _, r := range s.targets {
 		op, met := "≤", r.value <= r.limit
 		if r.atLeast {
@@ -154,7 +164,7 @@ func (s *suite) targetTable() {
 		if !met {
 			verdict = "**no**"
 		}
-		fmt.Fprintf(&s.out, "| %s | %.3g%s | %s %.3g%s | %s |\n", r.name, r.value, r.unit, op, r.limit, r.unit, verdict)
+		fmt.Fprintf(&s.out, "| %s | %.3g%s | %s %.3g%s | %s | %s |\n", r.name, r.value, r.unit, op, r.limit, r.unit, verdict, r.detail)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,6 +109,25 @@ func window(k int, d time.Duration, op func(worker int) error) (float64, error) 
 	return float64(total) / time.Since(t0).Seconds(), first
 }
 
+// timed wraps op so that each call's duration is appended to lat[worker].
+func timed(lat []durations, op func(worker int) error) func(worker int) error {
+	return func(w int) error {
+		t0 := time.Now()
+		err := op(w)
+		lat[w] = append(lat[w], time.Since(t0))
+		return err
+	}
+}
+
+// merged is every worker's samples together.
+func merged(lat []durations) durations {
+	var all durations
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	return all
+}
+
 // benchThroughput is (d): executions per second of /bin/true (start+wait
 // until cleaned) with 1 and 8 clients, each on its own connection, against
 // os/exec Run from as many goroutines; 1 s windows alternating.
@@ -142,11 +163,14 @@ func (s *suite) benchThroughput(t *testing.T) {
 			return nil
 		}
 		bare := func(int) error { return exec.Command("/bin/true").Run() }
+		// Each call's duration, per worker (one goroutine each), for the
+		// target's p50 and p99.
+		dLat, bLat := make([]durations, k), make([]durations, k)
 		var dr, nr, br []float64
 		for i := 0; i < windows; i++ {
 			rotate(i,
 				func() {
-					r, err := window(k, tputWindow, func(w int) error { return viaDaemon(clients[w]) })
+					r, err := window(k, tputWindow, timed(dLat, func(w int) error { return viaDaemon(clients[w]) }))
 					if err != nil {
 						t.Fatalf("%d clients: %v", k, err)
 					}
@@ -160,7 +184,7 @@ func (s *suite) benchThroughput(t *testing.T) {
 					nr = append(nr, r)
 				},
 				func() {
-					r, err := window(k, tputWindow, bare)
+					r, err := window(k, tputWindow, timed(bLat, bare))
 					if err != nil {
 						t.Fatalf("%d goroutines os/exec: %v", k, err)
 					}
@@ -169,6 +193,11 @@ func (s *suite) benchThroughput(t *testing.T) {
 		}
 		if k == 8 {
 			s.targetAtLeast("(d) exec/s with 8 clients (pool 4) / os/exec Run from 8 goroutines", median(dr)/median(br), 1.0, "×")
+			dlo, dhi := minmax(dr)
+			blo, bhi := minmax(br)
+			dl, bl := merged(dLat), merged(bLat)
+			s.targetDetail("corrald %.0f exec/s (windows %.0f–%.0f), a start+wait p50 %s, p99 %s ms; os/exec %.0f exec/s (%.0f–%.0f), a Run p50 %s, p99 %s ms",
+				median(dr), dlo, dhi, ms(dl.pct(.5)), ms(dl.pct(.99)), median(br), blo, bhi, ms(bl.pct(.5)), ms(bl.pct(.99)))
 		}
 		base := fmt.Sprintf("os/exec Run ×%d goroutines", k)
 		rows = append(rows,
@@ -192,7 +221,7 @@ func (s *suite) benchDrain(t *testing.T) {
 	py, why := startPyPeer(t)
 	ctx := ctxT(t, 5*time.Minute)
 	argv := []string{"/usr/bin/head", "-c", fmt.Sprint(drainBytes), "/dev/zero"}
-	var viaDaemon, devNull, goPipe, viaPy, spliced []float64
+	var viaDaemon, devNull, goPipe, viaPy, spliced, loopRead []float64
 	const gb = 1e9
 	for i := 0; i < drainRounds; i++ {
 		sides := []func(){
@@ -235,6 +264,7 @@ func (s *suite) benchDrain(t *testing.T) {
 				goPipe = append(goPipe, float64(drainBytes)/el.Seconds()/gb)
 			},
 			func() { spliced = append(spliced, float64(drainBytes)/spliceDrain(t, argv).Seconds()/gb) },
+			func() { loopRead = append(loopRead, float64(drainBytes)/epollDrain(t, argv).Seconds()/gb) },
 		}
 		if py != nil {
 			sides = append(sides, func() { viaPy = append(viaPy, float64(drainBytes)/py.drain(t, drainBytes).Seconds()/gb) })
@@ -245,6 +275,8 @@ func (s *suite) benchDrain(t *testing.T) {
 		{"corrald vs /dev/null", "corrald cgroup", "stdout on /dev/null", "GB/s", viaDaemon, devNull},
 		{"corrald vs Go pipe reader", "corrald cgroup", "os/exec pipe → counter", "GB/s", viaDaemon, goPipe},
 		{"corrald vs zero-copy reader", "corrald cgroup", "pipe spliced to /dev/null", "GB/s", viaDaemon, spliced},
+		{"corrald vs its loop alone", "corrald cgroup", "epoll loop reading corrald's pipe", "GB/s", viaDaemon, loopRead},
+		{"its loop alone vs /dev/null", "epoll loop reading corrald's pipe", "stdout on /dev/null", "GB/s", loopRead, devNull},
 		{"zero-copy reader vs /dev/null", "pipe spliced to /dev/null", "stdout on /dev/null", "GB/s", spliced, devNull},
 		{"Go pipe reader vs /dev/null", "os/exec pipe → counter", "stdout on /dev/null", "GB/s", goPipe, devNull},
 	}
@@ -258,28 +290,133 @@ func (s *suite) benchDrain(t *testing.T) {
 		pyNote = "The seed's run_limited side was skipped: " + why + "."
 	}
 	s.targetAtLeast("(e) drain through corrald / head -c to /dev/null", median(viaDaemon)/median(devNull), 0.8, "×")
+	vlo, vhi := minmax(viaDaemon)
+	nlo, nhi := minmax(devNull)
+	llo, lhi := minmax(loopRead)
+	s.targetDetail("corrald %.2f GB/s (rounds %.2f–%.2f), /dev/null %.2f (%.2f–%.2f); the pipe's bound, an epoll loop reading corrald's pipe (%d KiB) into 1 MiB: %.2f GB/s (%.2f–%.2f), %s of /dev/null, corrald %s of it; the pipe spliced to /dev/null %s of /dev/null",
+		median(viaDaemon), vlo, vhi, median(devNull), nlo, nhi, corraldPipeCapacity()>>10, median(loopRead), llo, lhi,
+		ratio(median(loopRead), median(devNull)), ratio(median(viaDaemon), median(loopRead)), ratio(median(spliced), median(devNull)))
 	s.rateTable("(e) output drain throughput, 1 GB on stdout",
 		fmt.Sprintf("`head -c %d /dev/zero`; corrald: exec.start to exec.wait (cleaned), default output_limit_bytes (262144 kept, the rest counted and dropped); "+
 			"baselines: os/exec Run with stdout on /dev/null, with stdout on an os/exec pipe copied to a byte counter in the benchmark process, "+
-			"and with stdout on a 1 MiB pipe that the benchmark splice(2)s to /dev/null in blocking calls (the bytes leave the pipe without a copy to user space). %d rounds per side, interleaved. "+
+			"with stdout on a pipe as corrald's (%d KiB: F_SETPIPE_SZ to /proc/sys/fs/pipe-max-size, at least 1 MiB) that the benchmark splice(2)s to /dev/null in blocking calls (the bytes leave the pipe without a copy to user space), "+
+			"and with stdout on the same pipe, non-blocking, read into a 1 MiB buffer by an epoll loop as corrald's reactor reads it (level-triggered, up to four reads per wake-up) with nothing else to do: the pipe's bound for corrald's design. %d rounds per side, interleaved. "+
 			"Daemon: cgroup backend, --pool-size 0. %s",
-			drainBytes, drainRounds, pyNote),
+			drainBytes, corraldPipeCapacity()>>10, drainRounds, pyNote),
 		rows)
 }
 
-// spliceDrain runs argv with stdout on a pipe (1 MiB, as corrald's) that
+// corraldPipeCapacity is what corrald asks F_SETPIPE_SZ for on output
+// pipes (reactor's pipeCapacity): /proc/sys/fs/pipe-max-size, at least
+// 1 MiB, at most 16 MiB.
+func corraldPipeCapacity() int {
+	n := 1 << 20
+	if b, err := os.ReadFile("/proc/sys/fs/pipe-max-size"); err == nil {
+		if m, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			n = min(max(m, 1<<20), 16<<20)
+		}
+	}
+	return n
+}
+
+// drainPipe is a pipe sized as corrald's output pipes, read end first.
+func drainPipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatalf("pipe: %v", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETPIPE_SZ, corraldPipeCapacity()); err != nil {
+		_, _ = unix.FcntlInt(uintptr(p[0]), unix.F_SETPIPE_SZ, 1<<20)
+	}
+	return os.NewFile(uintptr(p[0]), "drain-r"), os.NewFile(uintptr(p[1]), "drain-w")
+}
+
+// epollDrain runs argv with stdout on a pipe sized as corrald's, its read
+// end non-blocking in an epoll set, and reads it as corrald's loop does:
+// wait, then up to four reads into a 1 MiB buffer, back to the wait after a
+// short read. It returns the elapsed time.
+func epollDrain(t *testing.T, argv []string) time.Duration {
+	t.Helper()
+	r, w := drainPipe(t)
+	defer r.Close()
+	rfd := int(r.Fd()) // Fd leaves it blocking: set it as corrald does
+	if err := unix.SetNonblock(rfd, true); err != nil {
+		w.Close()
+		t.Fatalf("set nonblock: %v", err)
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		w.Close()
+		t.Fatalf("epoll_create1: %v", err)
+	}
+	defer unix.Close(epfd)
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, rfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(rfd)}); err != nil {
+		w.Close()
+		t.Fatalf("epoll_ctl: %v", err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout = w
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		t.Fatalf("start %v: %v", argv, err)
+	}
+	w.Close()
+	buf := make([]byte, 1<<20)
+	evs := make([]unix.EpollEvent, 16)
+	var total int64
+	for eof := false; !eof; {
+		if _, err := unix.EpollWait(epfd, evs, -1); err != nil {
+			if err == unix.EINTR {
+				continue
+			}
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("epoll_wait: %v", err)
+		}
+		for i := 0; i < 4; i++ {
+			n, err := unix.Read(rfd, buf)
+			if n > 0 {
+				total += int64(n)
+				if n < len(buf) {
+					break
+				}
+				continue
+			}
+			if err == unix.EAGAIN {
+				break
+			}
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				t.Fatalf("read: %v", err)
+			}
+			eof = true
+			break
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %v", argv, err)
+	}
+	el := time.Since(t0)
+	if total != drainBytes {
+		t.Fatalf("epoll loop read %d bytes, want %d", total, drainBytes)
+	}
+	return el
+}
+
+// spliceDrain runs argv with stdout on a pipe (sized as corrald's) that
 // this process splices to /dev/null until EOF: moving the bytes out of the
 // pipe without copying them to user space. It returns the elapsed time.
 // (Not necessarily faster than read(2): each blocking splice wakes up for
 // whatever the writer has just put in the pipe.)
 func spliceDrain(t *testing.T, argv []string) time.Duration {
 	t.Helper()
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatalf("pipe: %v", err)
-	}
-	_, _ = unix.FcntlInt(uintptr(p[0]), unix.F_SETPIPE_SZ, 1<<20)
-	r, w := os.NewFile(uintptr(p[0]), "drain-r"), os.NewFile(uintptr(p[1]), "drain-w")
+	r, w := drainPipe(t)
 	defer r.Close()
 	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {
