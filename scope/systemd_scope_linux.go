@@ -12,6 +12,8 @@ import (
 	"github.com/godbus/dbus/v5"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/scope/cgroupv2"
 )
 
 // unitState is where a systemd scope is in its life. Transitions:
@@ -259,8 +261,12 @@ func (s *systemdScope) Signal(sig unix.Signal) error {
 }
 
 // Kill SIGKILLs every process of the scope through its cgroup (cgroup.kill
-// where the kernel has it), which needs no D-Bus; then it asks systemd too,
-// best effort. Before or during Started it aborts the held child instead.
+// where the kernel has it), which needs no D-Bus. Only where that did not
+// reach the scope's cgroup (no cgroup.kill, no unified hierarchy, the
+// cgroup not where Started was told) does it ask systemd too (KillUnit),
+// best effort: a D-Bus round trip that systemd would answer while it stops
+// the emptied scope, on the way to cleaned. Before or during Started it
+// aborts the held child instead.
 func (s *systemdScope) Kill() error {
 	s.mu.Lock()
 	s.killed = true
@@ -273,6 +279,11 @@ func (s *systemdScope) Kill() error {
 		// nothing.
 		return nil
 	case unitRemoved:
+		return nil
+	}
+	if paths.Unified != "" && cgroupv2.Dir(paths.Unified).Write("cgroup.kill", "1") == nil {
+		// The kernel killed every process of the subtree and keeps it
+		// from forking: nothing is left for systemd to signal.
 		return nil
 	}
 	handled, err := paths.kill()
