@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -12,23 +11,6 @@ import (
 	"github.com/godbus/dbus/v5"
 	"github.com/rs/zerolog"
 )
-
-// defaultDial: the private socket needs no dbus-daemon but only root may
-// use it; everyone else goes through the system bus.
-func defaultDial(ctx context.Context) (*sddbus.Conn, error) {
-	if os.Geteuid() != 0 {
-		return sddbus.NewSystemConnectionContext(ctx)
-	}
-	c, err := sddbus.NewSystemdConnectionContext(ctx)
-	if err == nil {
-		return c, nil
-	}
-	c, err2 := sddbus.NewSystemConnectionContext(ctx)
-	if err2 == nil {
-		return c, nil
-	}
-	return nil, errors.Join(err, err2)
-}
 
 var errBackendClosed = errors.New("systemd backend closed")
 
@@ -48,14 +30,24 @@ type systemdBus struct {
 	life   context.Context
 	cancel context.CancelFunc
 
+	// removals are the UnitRemoved signals seen, where they are
+	// (systemd_removed_linux.go).
+	removals removals
+
 	mu     sync.Mutex
 	conn   *sddbus.Conn // nil until dialled, and after it broke
 	closed bool
 }
 
+// newSystemdBus returns the plumbing; a nil dial is the backend's own
+// (defaultDial).
 func newSystemdBus(dial func(ctx context.Context) (*sddbus.Conn, error), jobTimeout time.Duration, log zerolog.Logger) *systemdBus {
 	life, cancel := context.WithCancel(context.Background())
-	return &systemdBus{dialFn: dial, jobTimeout: jobTimeout, log: log, life: life, cancel: cancel}
+	b := &systemdBus{dialFn: dial, jobTimeout: jobTimeout, log: log, life: life, cancel: cancel}
+	if dial == nil {
+		b.dialFn = b.defaultDial
+	}
+	return b
 }
 
 // close closes the connection; later calls fail with errBackendClosed.

@@ -41,9 +41,6 @@ func NewSystemd(ctx context.Context, opts SystemdOptions) (Backend, error) {
 	if opts.JobTimeout <= 0 {
 		opts.JobTimeout = 30 * time.Second
 	}
-	if opts.Dial == nil {
-		opts.Dial = defaultDial
-	}
 	b := &systemdBackend{opts: opts, hier: hier, bus: newSystemdBus(opts.Dial, opts.JobTimeout, opts.Log)}
 	if _, err := b.bus.get(ctx); err != nil {
 		b.bus.close()

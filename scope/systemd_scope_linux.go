@@ -53,6 +53,9 @@ type systemdScope struct {
 	// runningAt is when Started finished: systemd moved the child in, and
 	// the kernel announced "populated 1", before it (see selfStopped).
 	runningAt time.Time
+	// removed is closed when systemd announces the unit unloaded
+	// (UnitRemoved); nil where the backend does not see the signal.
+	removed <-chan struct{}
 }
 
 var (
@@ -146,9 +149,12 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 		return fmt.Errorf("start scope %s: killed before it started", s.unit)
 	}
 	s.state = unitStarting
+	// Before the start job: the unit may empty and go as soon as it runs.
+	s.removed = s.b.bus.removals.watch(s.unit)
 	s.mu.Unlock()
 
 	fail := func(err error) error {
+		s.b.bus.removals.forget(s.unit)
 		s.mu.Lock()
 		s.state = unitFailed
 		w := s.watch
@@ -378,6 +384,7 @@ func (s *systemdScope) Remove() error {
 			return fmt.Errorf("remove scope %s: %w", s.unit, err)
 		}
 	}
+	s.b.bus.removals.forget(s.unit)
 	s.mu.Lock()
 	s.statsLocked() // final reading: from the cache, the cgroup is gone now
 	s.state = unitRemoved
@@ -392,18 +399,31 @@ func (s *systemdScope) Remove() error {
 // scope by itself before it asks for a stop job.
 const selfStopWait = 500 * time.Millisecond
 
+// removalWait bounds how long Remove waits for the UnitRemoved signal of an
+// empty scope before it looks for itself (the signal may be lost: systemd
+// re-executing, the connection re-dialled). systemd stops an empty scope
+// within a few milliseconds on a quiet host; under load it may take
+// longer, which only costs the look (the wait for the cgroup to go and one
+// ListUnitsByPatterns).
+const removalWait = 100 * time.Millisecond
+
 // notifyHold covers the kernel's rate limit on cgroup file notifications
 // (cgroup_file_notify: 10 ms at HZ=1000, 12 ms at HZ=250), with a margin.
 const notifyHold = 15 * time.Millisecond
 
 // selfStopped reports whether systemd stopped and unloaded the running,
-// empty scope by itself: its cgroup went within selfStopWait and the unit
-// is no longer loaded. The kernel signals no inotify event when a cgroup
-// directory is removed, so this polls a stat of it, starting at 100 µs.
-// False means Remove must stop the unit itself.
+// empty scope by itself: the unit is no longer loaded and its cgroup is
+// gone. Where the backend sees systemd's UnitRemoved signal, that signal
+// says the unit is unloaded (systemd removes the cgroup as the unit stops,
+// before it frees the unit) and one stat confirms the cgroup went. Without
+// the signal, or when it does not come within removalWait, it waits for the
+// cgroup to go within selfStopWait (the kernel signals no inotify event
+// when a cgroup directory is removed, so this polls a stat of it, starting
+// at 100 µs) and asks systemd whether the unit is still loaded
+// (ListUnitsByPatterns). False means Remove must stop the unit itself.
 func (s *systemdScope) selfStopped(ctx context.Context) bool {
 	s.mu.Lock()
-	state, paths, runningAt := s.state, s.paths, s.runningAt
+	state, paths, runningAt, removed := s.state, s.paths, s.runningAt, s.removed
 	s.mu.Unlock()
 	if state != unitRunning || paths.Unified == "" {
 		return false
@@ -420,6 +440,24 @@ func (s *systemdScope) selfStopped(ctx context.Context) bool {
 		// for a pooled one). No job wait: the unit going is waited for
 		// below, as for a scope systemd stopped itself.
 		s.stopUnit(ctx, zerolog.DebugLevel, "stop empty scope")
+	}
+	if removed == nil {
+		s.b.opts.Log.Debug().Str("unit", s.unit).Msg("UnitRemoved not seen on this connection; looking for the unit")
+	} else {
+		t := time.NewTimer(removalWait)
+		select {
+		case <-removed:
+			t.Stop()
+			if !paths.exists() {
+				return true
+			}
+			s.b.opts.Log.Debug().Str("unit", s.unit).Msg("unit removed but its cgroup is still there; looking for the unit")
+		case <-t.C:
+			s.b.opts.Log.Debug().Str("unit", s.unit).Msg("no UnitRemoved signal for the empty scope; looking for the unit")
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
 	}
 	deadline := time.Now().Add(selfStopWait)
 	for wait := 100 * time.Microsecond; paths.exists(); wait = min(2*wait, time.Millisecond) {
