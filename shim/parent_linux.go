@@ -137,7 +137,7 @@ func binary() (string, *os.File) {
 }
 
 // pinnedPath is what a child started from the pinned shim execs.
-const pinnedPath = "/proc/self/fd/6"
+var pinnedPath = "/proc/self/fd/" + strconv.Itoa(childBinaryFD)
 
 // repinLocked opens pin.path again, if it still is the file pinned, and
 // returns a descriptor of it numbered as UseBinary's. pin.mu held.
@@ -264,10 +264,11 @@ func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
 
 // childFiles is a shim's cmd.ExtraFiles: config, errW, release (or nil:
 // closed in the child) onto fds 3, 4 and 5, and the pinned binary, if
-// any, onto childBinaryFD.
+// any, onto childBinaryFD (the next one).
 func childFiles(config, errW, release, bin *os.File) []*os.File {
-	files := []*os.File{config, errW, release}
+	files := []*os.File{config, errW, release} // fds 3, 4, 5
 	if bin != nil {
+		// ExtraFiles[i] is the child's fd 3+i.
 		files = append(files, bin)
 	}
 	return files
