@@ -5,26 +5,25 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 )
 
-// deployDir is /work/main/deploy, found from this file's location.
+// deployDir is the module's deploy/ (deployPath).
 func deployDir(t *testing.T) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("runtime.Caller failed")
+	dir, err := deployPath()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "deploy")
+	return dir
 }
 
 func deployUnits(t *testing.T) map[string]string {
 	t.Helper()
 	units := map[string]string{}
-	for _, name := range []string{"corrald.service", "corrald.socket", "corral.slice"} {
+	for _, name := range corraldUnits {
 		data, err := os.ReadFile(filepath.Join(deployDir(t), name))
 		if err != nil {
 			t.Fatal(err)

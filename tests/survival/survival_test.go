@@ -32,7 +32,6 @@ const (
 	socket   = "/run/corral/corrald.sock"
 	stateDir = "/run/corral-state" // tmpfs inside the harness
 	countDir = "/run/corral-counts"
-	binEnv   = "CORRAL_TEST_BINDIR"
 	helper   = "CORRAL_TEST_HELPER"
 )
 
@@ -45,25 +44,7 @@ func TestMain(m *testing.M) {
 	default:
 		os.Exit(99)
 	}
-	if os.Getenv(harness.EnvInside) == "" && harness.Unavailable() == "" {
-		dir, err := os.MkdirTemp("", "corral-survival-bin-")
-		if err != nil {
-			panic(err)
-		}
-		for _, name := range []string{"corrald", "corral-shim"} {
-			build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "../../cmd/"+name)
-			build.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := build.CombinedOutput(); err != nil {
-				fmt.Printf("build %s: %v\n%s", name, err, out)
-				os.Exit(1)
-			}
-		}
-		os.Setenv(binEnv, dir)
-		code := harness.RunInside(m)
-		os.RemoveAll(dir)
-		os.Exit(code)
-	}
-	os.Exit(harness.RunInside(m))
+	os.Exit(harness.RunInsideWithBinaries(m, "corrald", "corral-shim"))
 }
 
 // writer writes for WRITER_MS milliseconds, as fast as the pipe takes it,
@@ -118,53 +99,20 @@ func setup(t *testing.T) {
 		}
 	})
 	setupOnce.Do(func() {
-		bin := harness.InsidePath(os.Getenv(binEnv))
-		unitDir := os.Getenv(harness.EnvUnitDir)
-		for _, u := range []string{"corrald.service", "corrald.socket", "corral.slice"} {
-			b, err := os.ReadFile("../../deploy/" + u)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(unitDir, u), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		writeDropin(t, bin+"/corrald")
-		if exec.Command("getent", "group", "corral").Run() != nil {
-			b, _ := os.ReadFile("/etc/group")
-			os.WriteFile("/run/corral-test-group", append(b, []byte("corral:x:4243:\n")...), 0o644)
-			sh(t, "mount", "--bind", "/run/corral-test-group", "/etc/group")
-		}
-		os.MkdirAll(stateDir, 0o700)
 		os.MkdirAll(countDir, 0o777)
-		sh(t, "systemctl", "daemon-reload")
-		sh(t, "systemctl", "start", "corrald.socket", "corrald.service")
+		corrald().Install(t, "corrald.socket", "corrald.service")
 	})
 }
 
-// writeDropin points ExecStart at bin with extra flags.
-func writeDropin(t *testing.T, bin string, flags ...string) {
-	t.Helper()
-	dropin := filepath.Join(os.Getenv(harness.EnvUnitDir), "corrald.service.d")
-	os.MkdirAll(dropin, 0o755)
-	override := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --state-dir %s --log-level debug --kill-wait 3s %s\nReadWritePaths=%s %s\n",
-		bin, stateDir, strings.Join(flags, " "), stateDir, countDir)
-	if err := os.WriteFile(filepath.Join(dropin, "test.conf"), []byte(override), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func sh(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
-	return strings.TrimSpace(string(out))
+// corrald is corrald.service as these tests run it, with extra flags: a
+// debug log, --kill-wait 3s, the writers' counts writable.
+func corrald(flags ...string) harness.Corrald {
+	return harness.Corrald{StateDir: stateDir, ReadWritePaths: []string{countDir},
+		Args: append([]string{"--log-level", "debug", "--kill-wait", "3s"}, flags...)}
 }
 
 func prop(t *testing.T, p string) string {
-	return sh(t, "systemctl", "show", "-p", p, "--value", "corrald.service")
+	return harness.Sh(t, "systemctl", "show", "-p", p, "--value", "corrald.service")
 }
 
 func mainPID(t *testing.T) int {
@@ -471,7 +419,7 @@ func TestSurviveKill9(t *testing.T) {
 	l := startLoad(t, c, 4000, 4000, 1200, 900)
 	time.Sleep(500 * time.Millisecond)
 	old := mainPID(t)
-	sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
+	harness.Sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
 	c = waitNewMain(t, old)
 	info, err = c.Info(ctx(t))
 	if err != nil {
@@ -502,7 +450,7 @@ func TestSurviveReload(t *testing.T) {
 	go follow(t, l.seq, followed)
 	time.Sleep(700 * time.Millisecond)
 	stop := dialLoop()
-	sh(t, "systemctl", "reload", "corrald.service")
+	harness.Sh(t, "systemctl", "reload", "corrald.service")
 	c = dial(t)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -553,9 +501,9 @@ func TestSurviveReload(t *testing.T) {
 func TestHandoverToFailingBinary(t *testing.T) {
 	setup(t)
 	c := dial(t)
-	bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
+	bin := harness.Binary("corrald")
 	saved := bin + ".real"
-	sh(t, "cp", "-p", bin, saved)
+	harness.Sh(t, "cp", "-p", bin, saved)
 	script := fmt.Sprintf("#!/bin/sh\necho 'broken corrald' >&2\ncp -p %s %s.tmp && mv %s.tmp %s\nexit 1\n", saved, bin, bin, bin)
 	defer os.Remove(saved)
 	l := startLoad(t, c, 3000, 3000, 1200, 900)
@@ -577,14 +525,13 @@ func TestHandoverToFailingBinary(t *testing.T) {
 // lost with an error naming it; one still running is adopted.
 func TestNoPidfdExitInfoIsLost(t *testing.T) {
 	setup(t)
-	bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
-	writeDropin(t, bin, "--no-pidfd-exit-info")
-	sh(t, "systemctl", "daemon-reload")
-	sh(t, "systemctl", "restart", "corrald.service")
+	corrald("--no-pidfd-exit-info").WriteDropIn(t)
+	harness.Sh(t, "systemctl", "daemon-reload")
+	harness.Sh(t, "systemctl", "restart", "corrald.service")
 	defer func() {
-		writeDropin(t, bin)
-		sh(t, "systemctl", "daemon-reload")
-		sh(t, "systemctl", "restart", "corrald.service")
+		corrald().WriteDropIn(t)
+		harness.Sh(t, "systemctl", "daemon-reload")
+		harness.Sh(t, "systemctl", "restart", "corrald.service")
 	}()
 	c := dial(t)
 	info, err := c.Info(ctx(t))
@@ -601,7 +548,7 @@ func TestNoPidfdExitInfoIsLost(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 	old := mainPID(t)
-	sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
+	harness.Sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
 	c = waitNewMain(t, old)
 	rec, err := c.Wait(ctx(t), api.WaitParams{ID: exited.ID})
 	if err != nil {
@@ -633,7 +580,7 @@ func TestSecondDaemonOnTheSlice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
+	bin := harness.Binary("corrald")
 	other := t.TempDir()
 	out, err := exec.Command(bin, "--scope", "systemd", "--state-dir", filepath.Join(other, "state"),
 		"--socket", filepath.Join(other, "s.sock"), "--config", "/dev/null", "--log-format", "json").CombinedOutput()

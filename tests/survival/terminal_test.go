@@ -7,6 +7,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/harness"
 )
 
 // TestTerminalSurvivesKill9: a shell on a terminal across a kill -9 of
@@ -29,7 +30,7 @@ func TestTerminalSurvivesKill9(t *testing.T) {
 	off = expectOutput(t, c, rec.ID, off, "before-2\r\ncorral$ ")
 
 	old := mainPID(t)
-	sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
+	harness.Sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
 	c = waitNewMain(t, old)
 	if _, err := c.Write(ctx(t), api.WriteParams{ID: rec.ID, Data: []byte("echo after-$((2+2))\n")}); err != nil {
 		t.Fatalf("exec.write to the terminal after the restart: %v\n%s", err, journalTail())

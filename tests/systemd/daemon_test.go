@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -26,7 +25,6 @@ import (
 const (
 	socket   = "/run/corral/corrald.sock"
 	stateDir = "/run/corral-state" // tmpfs inside the harness
-	binEnv   = "CORRAL_TEST_BINDIR"
 )
 
 func TestMain(m *testing.M) {
@@ -46,27 +44,9 @@ func TestMain(m *testing.M) {
 	default:
 		os.Exit(99)
 	}
-	if os.Getenv(harness.EnvInside) == "" && harness.Unavailable() == "" {
-		dir, err := os.MkdirTemp("", "corral-sd-bin-")
-		if err != nil {
-			panic(err)
-		}
-		// corral-shim next to corrald, as make install puts it: the
-		// service starts its children through it.
-		for _, name := range []string{"corrald", "corral-shim"} {
-			build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "../../cmd/"+name)
-			build.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := build.CombinedOutput(); err != nil {
-				fmt.Printf("build %s: %v\n%s", name, err, out)
-				os.Exit(1)
-			}
-		}
-		os.Setenv(binEnv, dir)
-		code := harness.RunInside(m)
-		os.RemoveAll(dir)
-		os.Exit(code)
-	}
-	os.Exit(harness.RunInside(m))
+	// corral-shim next to corrald, as make install puts it: the service
+	// starts its children through it.
+	os.Exit(harness.RunInsideWithBinaries(m, "corrald", "corral-shim"))
 }
 
 var setupOnce sync.Once
@@ -77,43 +57,8 @@ func setup(t *testing.T) {
 	t.Helper()
 	harness.Require(t)
 	setupOnce.Do(func() {
-		bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
-		unitDir := os.Getenv(harness.EnvUnitDir)
-		for _, u := range []string{"corrald.service", "corrald.socket", "corral.slice"} {
-			b, err := os.ReadFile("../../deploy/" + u)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(unitDir, u), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		dropin := filepath.Join(unitDir, "corrald.service.d")
-		os.MkdirAll(dropin, 0o755)
-		override := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --state-dir %s --log-level debug --kill-wait 3s\nReadWritePaths=%s\n", bin, stateDir, stateDir)
-		if err := os.WriteFile(filepath.Join(dropin, "test.conf"), []byte(override), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		// The socket's group: on the host if CI made it, else only inside
-		// this private mount namespace.
-		if exec.Command("getent", "group", "corral").Run() != nil {
-			b, _ := os.ReadFile("/etc/group")
-			os.WriteFile("/run/corral-test-group", append(b, []byte("corral:x:4243:\n")...), 0o644)
-			sh(t, "mount", "--bind", "/run/corral-test-group", "/etc/group")
-		}
-		os.MkdirAll(stateDir, 0o700)
-		sh(t, "systemctl", "daemon-reload")
-		sh(t, "systemctl", "start", "corrald.socket")
+		harness.Corrald{StateDir: stateDir, Args: []string{"--log-level", "debug", "--kill-wait", "3s"}}.Install(t, "corrald.socket")
 	})
-}
-
-func sh(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 func client(t *testing.T) *ipc.Client {
@@ -208,10 +153,10 @@ func TestSocketActivationAndInfo(t *testing.T) {
 	if info.Backend != "systemd" || !info.Pidfd || info.Store != "ok" {
 		t.Errorf("daemon.info = backend %q pidfd %v store %q; want systemd, true, ok", info.Backend, info.Pidfd, info.Store)
 	}
-	if got := sh(t, "systemctl", "is-active", "corrald.service"); got != "active" {
+	if got := harness.Sh(t, "systemctl", "is-active", "corrald.service"); got != "active" {
 		t.Errorf("corrald.service is %q after the first connection, want active", got)
 	}
-	if got := sh(t, "systemctl", "show", "-p", "StatusText", "--value", "corrald.service"); got == "" {
+	if got := harness.Sh(t, "systemctl", "show", "-p", "StatusText", "--value", "corrald.service"); got == "" {
 		// STATUS= comes every 5 s; READY=1 made it active already.
 		t.Log("no STATUS= yet")
 	}
@@ -495,7 +440,7 @@ func TestLeftoverScopeAfterCrash(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	c.Close()
-	sh(t, "systemctl", "kill", "--kill-who=main", "--signal=SIGKILL", "corrald.service")
+	harness.Sh(t, "systemctl", "kill", "--kill-who=main", "--signal=SIGKILL", "corrald.service")
 	waitGone(t, "corrald after SIGKILL", func() bool {
 		out, _ := exec.Command("systemctl", "is-active", "corrald.service").Output()
 		return strings.TrimSpace(string(out)) != "active"
@@ -563,7 +508,7 @@ func TestTimeoutKillsWithDBusGone(t *testing.T) {
 		pid, _ = strconv.Atoi(strings.TrimSpace(stdout(t, c, rec.ID)))
 		time.Sleep(20 * time.Millisecond)
 	}
-	sh(t, "systemctl", "daemon-reexec")
+	harness.Sh(t, "systemctl", "daemon-reexec")
 	rec, err = c.Wait(context.Background(), api.WaitParams{ID: rec.ID})
 	if err != nil {
 		t.Fatal(err)

@@ -27,7 +27,6 @@ import (
 const (
 	socket   = "/run/corral/corrald.sock"
 	stateDir = "/run/corral-drill-state" // tmpfs inside the harness
-	binEnv   = "CORRAL_DRILL_BINDIR"
 	// metricsSock is corrald's --metrics-listen socket, when it has one:
 	// the drill reads the daemon's goroutine count from it.
 	metricsSock = "/run/corral-drill-metrics.sock"
@@ -35,81 +34,23 @@ const (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if os.Getenv(harness.EnvInside) == "" && harness.Unavailable() == "" {
-		dir, err := os.MkdirTemp("", "corral-drill-sd-bin-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Chmod(dir, 0o755)
-		for _, name := range []string{"corrald", "corral-shim"} {
-			build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, name), "../../../cmd/"+name)
-			build.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := build.CombinedOutput(); err != nil {
-				fmt.Printf("build %s: %v\n%s", name, err, out)
-				os.RemoveAll(dir)
-				os.Exit(1)
-			}
-		}
-		os.Setenv(binEnv, dir)
-		code := harness.RunInside(m)
-		os.RemoveAll(dir)
-		os.Exit(code)
-	}
-	os.Exit(harness.RunInside(m))
-}
-
-func sh(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
-	return strings.TrimSpace(string(out))
+	os.Exit(harness.RunInsideWithBinaries(m, "corrald", "corral-shim"))
 }
 
 // setup installs corrald's real units with ExecStart pointing at the binary
 // under test and the state on a tmpfs, and starts the socket.
 func setup(t *testing.T) {
 	t.Helper()
-	bin := harness.InsidePath(os.Getenv(binEnv)) + "/corrald"
-	unitDir := os.Getenv(harness.EnvUnitDir)
-	for _, u := range []string{"corrald.service", "corrald.socket", "corral.slice"} {
-		b, err := os.ReadFile("../../../deploy/" + u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(unitDir, u), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	var args []string
+	if drill.SupportsMetrics(harness.Binary("corrald")) {
+		args = append(args, "--metrics-listen", "unix:"+metricsSock)
 	}
-	dropin := filepath.Join(unitDir, "corrald.service.d")
-	if err := os.MkdirAll(dropin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	extra := ""
-	if drill.SupportsMetrics(bin) {
-		extra = " --metrics-listen unix:" + metricsSock
-	}
-	override := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s --state-dir %s --kill-wait 3s%s\nReadWritePaths=%s\n", bin, stateDir, extra, stateDir)
-	if err := os.WriteFile(filepath.Join(dropin, "drill.conf"), []byte(override), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if exec.Command("getent", "group", "corral").Run() != nil {
-		b, _ := os.ReadFile("/etc/group")
-		os.WriteFile("/run/corral-drill-group", append(b, []byte("corral:x:4243:\n")...), 0o644)
-		sh(t, "mount", "--bind", "/run/corral-drill-group", "/etc/group")
-	}
-	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	sh(t, "systemctl", "daemon-reload")
-	sh(t, "systemctl", "start", "corrald.socket", "corrald.service")
+	harness.Corrald{StateDir: stateDir, Args: append([]string{"--kill-wait", "3s"}, args...)}.Install(t, "corrald.socket", "corrald.service")
 }
 
 func mainPID(t *testing.T) int {
 	t.Helper()
-	pid, _ := strconv.Atoi(sh(t, "systemctl", "show", "-p", "MainPID", "--value", "corrald.service"))
+	pid, _ := strconv.Atoi(harness.Sh(t, "systemctl", "show", "-p", "MainPID", "--value", "corrald.service"))
 	return pid
 }
 
@@ -262,7 +203,7 @@ func kill9(t *testing.T, ctx context.Context) drill.Fault {
 	return drill.Fault{
 		Inject: func(ctx context.Context, ph *drill.Phase) string {
 			s := survival(t, ctx)
-			sh(t, "systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "corrald.service")
+			harness.Sh(t, "systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "corrald.service")
 			ph.MarkRecoverFrom()
 			note := "corrald's main process killed with SIGKILL under load; Restart=on-failure brings it back; "
 			if s.FDStore {
@@ -288,7 +229,7 @@ func reload(t *testing.T, ctx context.Context) drill.Fault {
 			how := "systemctl reload corrald"
 			if out, err := exec.Command("systemctl", "reload", "corrald.service").CombinedOutput(); err != nil {
 				// A unit without ExecReload=: the signal it would send.
-				sh(t, "systemctl", "kill", "--kill-whom=main", "--signal=SIGHUP", "corrald.service")
+				harness.Sh(t, "systemctl", "kill", "--kill-whom=main", "--signal=SIGHUP", "corrald.service")
 				how = fmt.Sprintf("SIGHUP to corrald's main process (systemctl reload: %s)", strings.TrimSpace(string(out)))
 			}
 			ph.MarkRecoverFrom()
@@ -301,7 +242,7 @@ func reload(t *testing.T, ctx context.Context) drill.Fault {
 func reexec(t *testing.T) drill.Fault {
 	return drill.Fault{
 		Inject: func(ctx context.Context, ph *drill.Phase) string {
-			sh(t, "systemctl", "daemon-reexec")
+			harness.Sh(t, "systemctl", "daemon-reexec")
 			ph.MarkRecoverFrom()
 			return "systemctl daemon-reexec under load: PID 1 re-executes, every D-Bus connection to it drops; the systemd backend must reconnect and miss no unit event (none lost, none wrong, no scope left)"
 		},
@@ -311,7 +252,7 @@ func reexec(t *testing.T) drill.Fault {
 func dbusRestart(t *testing.T) drill.Fault {
 	return drill.Fault{
 		Inject: func(ctx context.Context, ph *drill.Phase) string {
-			sh(t, "systemctl", "restart", "dbus.service")
+			harness.Sh(t, "systemctl", "restart", "dbus.service")
 			ph.MarkRecoverFrom()
 			return "systemctl restart dbus under load: the bus goes away and comes back; the systemd backend must reconnect and miss no unit event"
 		},
