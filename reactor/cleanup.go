@@ -165,15 +165,17 @@ func (r *Reactor) startCleanup(e *execution) {
 		r.finishCleanup(e, "")
 		return
 	}
-	r.killTree(e)
 	// Most trees are gone with their main process: look once right away,
-	// and watch only a scope that is still populated.
+	// and kill and watch only a scope that is still populated. An empty
+	// scope has nothing to kill (no process of it is left to fork), so it
+	// is spared the kill's goroutine and cgroup.kill write.
 	if empty, err := e.sc.Empty(); err == nil && empty {
 		r.scopeEmptied(e)
 		if e.cleaning {
 			return
 		}
 	} else {
+		r.killTree(e)
 		r.watchEmpty(e)
 	}
 	began := time.Now()

@@ -152,7 +152,8 @@ func (b *cgroupBackend) Prepare(_ context.Context, spec Spec) (Scope, error) {
 	if err := unix.Mkdir(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("prepare cgroup scope %s: %w", dir, os.NewSyscallError("mkdir", err))
 	}
-	s := &cgroupScope{cg: cgroupv2.Dir(dir), fd: -1, name: b.cgroupPath(dir)}
+	s := &cgroupScope{cg: cgroupv2.Dir(dir), fd: -1, name: b.cgroupPath(dir),
+		memory: b.controllers["memory"], pids: b.controllers["pids"]}
 	fail := func(err error) (Scope, error) {
 		// Nothing has run in the new cgroup: a plain rmdir removes it and
 		// needs no fd, where Remove lists the directory first, which fails

@@ -20,6 +20,9 @@ type cgroupScope struct {
 	cg         cgroupv2.Dir
 	name       string // cgroup path relative to the cgroup2 root
 	unenforced Limits
+	// memory and pids: whether the backend's base gives its children those
+	// controllers (their files exist); Stats reads only those that do.
+	memory, pids bool
 
 	mu       sync.Mutex
 	fd       int   // directory fd for CLONE_INTO_CGROUP, -1 once closed
@@ -88,7 +91,7 @@ func (s *cgroupScope) Empty() (bool, error) { return s.cg.Empty() }
 // returns the last reading it made, so read Stats before Remove for the final
 // usage.
 func (s *cgroupScope) Stats() (Stats, error) {
-	cs, err := s.cg.Stats()
+	cs, err := s.cg.StatsOf(s.memory, s.pids)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			// Removed: the last reading is the final one.

@@ -26,7 +26,13 @@ const Unknown = -1
 // memory.peak, memory.events, pids.current and pids.peak. It fails only
 // when cpu.stat cannot be read (Gone(err) once d is removed). Cheap: a few
 // reads.
-func (d Dir) Stats() (Stats, error) {
+func (d Dir) Stats() (Stats, error) { return d.StatsOf(true, true) }
+
+// StatsOf is Stats reading the memory and pids controllers' files only
+// where memory and pids say the controller is enabled for d (the others'
+// fields stay Unknown): a caller that knows, such as the cgroup backend for
+// its scopes, saves a failed open of each missing file on every read.
+func (d Dir) StatsOf(memory, pids bool) (Stats, error) {
 	st := Stats{Unknown, Unknown, Unknown, Unknown, Unknown, Unknown, Unknown}
 	data, err := d.Read("cpu.stat")
 	if err != nil {
@@ -41,14 +47,18 @@ func (d Dir) Stats() (Stats, error) {
 			*dst = v * 1000
 		}
 	}
-	st.MemoryPeak = d.count("memory.peak")
-	if data, err := d.Read("memory.events"); err == nil {
-		if v, ok := Keyed(data, "oom_kill"); ok {
-			st.OOMKills = v
+	if memory {
+		st.MemoryPeak = d.count("memory.peak")
+		if data, err := d.Read("memory.events"); err == nil {
+			if v, ok := Keyed(data, "oom_kill"); ok {
+				st.OOMKills = v
+			}
 		}
 	}
-	st.Tasks = d.count("pids.current")
-	st.TasksPeak = d.count("pids.peak")
+	if pids {
+		st.Tasks = d.count("pids.current")
+		st.TasksPeak = d.count("pids.peak")
+	}
 	return st, nil
 }
 
