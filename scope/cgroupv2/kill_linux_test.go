@@ -100,7 +100,7 @@ func TestGoneIsNotAnError(t *testing.T) {
 // reuses the freeze's open file; opening cgroup.freeze anew would fail.
 func TestSignalThawsAtFDLimit(t *testing.T) {
 	for attempt := 1; ; attempt++ {
-		serr, frozen := signalRunningOutOfFDs(t)
+		frozen, serr := signalRunningOutOfFDs(t)
 		if !errors.Is(serr, unix.EMFILE) {
 			// The fds were not taken while the tree was frozen (the
 			// filler came late, after the 100ms freeze wait): try again.
@@ -118,9 +118,9 @@ func TestSignalThawsAtFDLimit(t *testing.T) {
 
 // signalRunningOutOfFDs runs Signal(SIGCONT) on a fake cgroup that never
 // reports frozen (so Signal waits 100ms for it) while a goroutine takes
-// every free fd as soon as cgroup.freeze reads "1". It returns Signal's
-// error and cgroup.freeze afterwards.
-func signalRunningOutOfFDs(t *testing.T) (error, string) {
+// every free fd as soon as cgroup.freeze reads "1". It returns
+// cgroup.freeze afterwards and Signal's error.
+func signalRunningOutOfFDs(t *testing.T) (string, error) {
 	t.Helper()
 	d := Dir(filepath.Join(t.TempDir(), "c"))
 	writeFiles(t, d.Path(), map[string]string{"cgroup.freeze": "0", "cgroup.events": "frozen 0\n"})
@@ -181,5 +181,5 @@ func signalRunningOutOfFDs(t *testing.T) (error, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serr, string(got)
+	return string(got), serr
 }
