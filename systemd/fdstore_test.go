@@ -1,9 +1,11 @@
 package systemd
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,4 +229,119 @@ func TestNotifierKeepsOneSocket(t *testing.T) {
 	if got := notifierOpens() - before; got != 2 {
 		t.Errorf("%d sockets opened in all, want 2 (one reopen)", got)
 	}
+}
+
+// TestNotifierDoesNotBlockWhenReceiverStalls: systemd not reading its
+// notify socket (busy) must not stall the caller, the reactor's loop, whose
+// watchdog pings would stop with it: 2,000 Stores with Removes between
+// them (far more than the receiver's queue holds) and a watchdog ping all
+// return while nobody reads; once the receiver reads, every message
+// arrives in the order sent, each Store with its fd, and the duplicates
+// kept for the wait are closed.
+func TestNotifierDoesNotBlockWhenReceiverStalls(t *testing.T) {
+	c := notifySocket(t)
+	closeNotifier()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	fdsBefore := openFds(t)
+	notifySock.mu.Lock()
+	queuedBefore := notifySock.queued
+	notifySock.mu.Unlock()
+
+	const n = 2000
+	var want []string
+	for i := 0; i < n; i++ {
+		name := "e" + strconv.Itoa(i) + ".stdout"
+		want = append(want, "FDSTORE=1\nFDNAME="+name+"\nFDPOLL=0")
+		if i%10 == 9 {
+			want = append(want, "FDSTOREREMOVE=1\nFDNAME="+name)
+		}
+	}
+	want = append(want, "WATCHDOG=1")
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < n; i++ {
+			name := "e" + strconv.Itoa(i) + ".stdout"
+			if sent, err := Store(name, p[1]); !sent || err != nil {
+				done <- fmt.Errorf("Store(%s) = %v, %v", name, sent, err)
+				return
+			}
+			if i%10 == 9 {
+				if sent, err := Remove(name); !sent || err != nil {
+					done <- fmt.Errorf("Remove(%s) = %v, %v", name, sent, err)
+					return
+				}
+			}
+		}
+		_, err := Watchdog()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("notifications block while the receiver does not read (its queue is full)")
+	}
+	notifySock.mu.Lock()
+	queued := notifySock.queued - queuedBefore
+	notifySock.mu.Unlock()
+	if queued == 0 {
+		t.Fatalf("no notification had to wait: the receiver's queue never filled, the test proves nothing")
+	}
+	for i, w := range want {
+		msg, fds := readNotify(t, c)
+		if msg != w {
+			t.Fatalf("message %d = %q, want %q", i, msg, w)
+		}
+		wantFds := 0
+		if strings.HasPrefix(w, "FDSTORE=1") {
+			wantFds = 1
+		}
+		if len(fds) != wantFds {
+			t.Fatalf("message %d (%q) carried %d fds, want %d", i, msg, len(fds), wantFds)
+		}
+		for _, fd := range fds {
+			if !sameFile(t, fd, p[1]) {
+				t.Errorf("message %d: the passed fd is not the stored one", i)
+			}
+			unix.Close(fd)
+		}
+	}
+	// The queue's duplicates are closed once their messages went out.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		notifySock.mu.Lock()
+		idle := !notifySock.draining && len(notifySock.pending) == 0
+		notifySock.mu.Unlock()
+		if idle && openFds(t) <= fdsBefore {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after delivery: draining %v, %d fds open, %d before", !idle, openFds(t), fdsBefore)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// openFds counts the process's open fds, not counting the notifier's
+// kept socket.
+func openFds(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	notifySock.mu.Lock()
+	kept := notifySock.fd >= 0
+	notifySock.mu.Unlock()
+	if kept {
+		return len(ents) - 1
+	}
+	return len(ents)
 }

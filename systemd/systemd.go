@@ -32,6 +32,7 @@
 package systemd
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -71,17 +72,45 @@ func notify(state string) (bool, error) { return sendWithFds(state, nil) }
 // loop). It is reopened when a send on it fails (systemd re-created its
 // socket: daemon-reexec) and when $NOTIFY_SOCKET names another socket, and
 // closed when the variable is unset.
+//
+// A send never blocks its caller (the reactor's loop, whose stall would stop
+// the watchdog pings): it is tried with MSG_DONTWAIT, and when the
+// receiver's queue is full (systemd busy: net.unix.max_dgram_qlen datagrams
+// unread) the message waits in pending, with duplicates of its fds, and a
+// goroutine (drain) sends the queue in order as the receiver reads. While
+// anything is pending every new message queues behind it, so systemd sees
+// them in the order they were sent (a Remove never overtakes its Store).
 type notifier struct {
-	mu    sync.Mutex
-	fd    int    // -1: none
-	path  string // what fd is connected to, as in $NOTIFY_SOCKET
-	opens int    // sockets opened so far (for tests)
+	mu       sync.Mutex
+	fd       int    // -1: none
+	path     string // what fd is connected to, as in $NOTIFY_SOCKET
+	opens    int    // sockets opened so far (for tests)
+	pending  []pendingMsg
+	draining bool // drain runs
+	queued   int  // messages that had to wait, so far (for tests)
+	// dropped counts queued messages given up on: the socket could not be
+	// reopened, or $NOTIFY_SOCKET was unset while they waited.
+	dropped int
 }
+
+// pendingMsg is a notification waiting for the receiver: its state and
+// the duplicates of its fds, closed once sent (or dropped).
+type pendingMsg struct {
+	path  string
+	state string
+	fds   []int
+}
+
+// maxPending bounds the queue (each entry may hold fds): beyond it a
+// notification fails instead of waiting.
+const maxPending = 4096
 
 var notifySock = notifier{fd: -1}
 
-// sendWithFds sends state with fds (SCM_RIGHTS) to $NOTIFY_SOCKET. It
-// reports false and no error when the variable is unset.
+// sendWithFds sends state with fds (SCM_RIGHTS) to $NOTIFY_SOCKET, or
+// queues it when the receiver is not reading (see notifier). It reports
+// false and no error when the variable is unset; true once the message is
+// sent or queued (fds are duplicated then: the caller keeps its own).
 func sendWithFds(state string, fds []int) (bool, error) {
 	path := os.Getenv("NOTIFY_SOCKET")
 	n := &notifySock
@@ -89,15 +118,23 @@ func sendWithFds(state string, fds []int) (bool, error) {
 	defer n.mu.Unlock()
 	if path == "" {
 		n.closeLocked()
+		n.dropPendingLocked()
 		return false, nil
+	}
+	if len(n.pending) > 0 {
+		return n.queueLocked(path, state, fds)
 	}
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
 	if n.fd >= 0 && n.path == path {
-		if err := unix.Sendmsg(n.fd, []byte(state), oob, nil, 0); err == nil {
+		err := unix.Sendmsg(n.fd, []byte(state), oob, nil, unix.MSG_DONTWAIT)
+		switch {
+		case err == nil:
 			return true, nil
+		case errors.Is(err, unix.EAGAIN):
+			return n.queueLocked(path, state, fds)
 		}
 		// A stale connection (the receiver's socket was re-created): the
 		// error worth reporting is the fresh socket's, below.
@@ -106,11 +143,130 @@ func sendWithFds(state string, fds []int) (bool, error) {
 	if err := n.openLocked(path); err != nil {
 		return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), err)
 	}
-	if err := unix.Sendmsg(n.fd, []byte(state), oob, nil, 0); err != nil {
-		n.closeLocked()
-		return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), os.NewSyscallError("sendmsg", err))
+	err := unix.Sendmsg(n.fd, []byte(state), oob, nil, unix.MSG_DONTWAIT)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.EAGAIN):
+		return n.queueLocked(path, state, fds)
+	}
+	n.closeLocked()
+	return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), os.NewSyscallError("sendmsg", err))
+}
+
+// queueLocked appends a message to pending, with duplicates of fds, and
+// makes sure drain runs.
+func (n *notifier) queueLocked(path, state string, fds []int) (bool, error) {
+	if len(n.pending) >= maxPending {
+		return false, fmt.Errorf("sd_notify %q: %d notifications already wait for the service manager to read them", firstLine(state), len(n.pending))
+	}
+	m := pendingMsg{path: path, state: state}
+	for _, fd := range fds {
+		d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+		if err != nil {
+			m.closeFds()
+			return false, fmt.Errorf("sd_notify %q: keep fd %d until the service manager reads: %w", firstLine(state), fd, os.NewSyscallError("fcntl", err))
+		}
+		m.fds = append(m.fds, d)
+	}
+	n.pending = append(n.pending, m)
+	n.queued++
+	if !n.draining {
+		n.draining = true
+		go n.drain()
 	}
 	return true, nil
+}
+
+func (m *pendingMsg) closeFds() {
+	for _, fd := range m.fds {
+		unix.Close(fd)
+	}
+	m.fds = nil
+}
+
+func (n *notifier) dropPendingLocked() {
+	for i := range n.pending {
+		n.pending[i].closeFds()
+	}
+	n.dropped += len(n.pending)
+	n.pending = nil
+}
+
+// drain sends pending in order, waiting (off the caller's goroutine) for
+// the receiver's queue to have room, and ends when pending is empty.
+func (n *notifier) drain() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for len(n.pending) > 0 {
+		m := &n.pending[0]
+		if n.fd < 0 || n.path != m.path {
+			n.closeLocked()
+			if err := n.openLocked(m.path); err != nil {
+				// Nobody listens there any more (systemd gone or the
+				// variable changed): what waits is lost.
+				n.dropPendingLocked()
+				break
+			}
+		}
+		var oob []byte
+		if len(m.fds) > 0 {
+			oob = unix.UnixRights(m.fds...)
+		}
+		err := unix.Sendmsg(n.fd, []byte(m.state), oob, nil, unix.MSG_DONTWAIT)
+		switch {
+		case err == nil:
+			m.closeFds()
+			n.pending = n.pending[1:]
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			// Wait for room without the lock: senders queue meanwhile.
+			fd := n.fd
+			n.mu.Unlock()
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+			_, _ = unix.Poll(pfd, 100)
+			n.mu.Lock()
+			continue
+		}
+		// The receiver's socket was re-created: reopen and try again (a
+		// second failure in a row drops the message).
+		n.closeLocked()
+		if n.openLocked(m.path) == nil {
+			if err := unix.Sendmsg(n.fd, []byte(m.state), oob, nil, unix.MSG_DONTWAIT); err == nil || errors.Is(err, unix.EAGAIN) {
+				if err == nil {
+					m.closeFds()
+					n.pending = n.pending[1:]
+				}
+				continue
+			}
+		}
+		m.closeFds()
+		n.pending = n.pending[1:]
+		n.dropped++
+	}
+	n.pending = nil
+	n.draining = false
+}
+
+// FlushNotify waits up to d for the notifications still queued (see
+// notifier) to reach the service manager, and reports whether none is
+// left. A process about to exec calls it: the queue, and the fds it keeps
+// for systemd, do not survive the exec.
+func FlushNotify(d time.Duration) bool {
+	n := &notifySock
+	deadline := time.Now().Add(d)
+	for {
+		n.mu.Lock()
+		idle := len(n.pending) == 0
+		n.mu.Unlock()
+		if idle {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func (n *notifier) openLocked(path string) error {

@@ -268,6 +268,11 @@ func handover(c *config, r *reactor.Reactor, ln *net.UnixListener, activated boo
 			}
 		}
 		env = append(env, systemd.HandoverEnv+"="+systemd.HandoverValue(h.Fds))
+		// fd store messages systemd has not read yet wait in this image's
+		// memory (systemd.notifier): the exec would drop them.
+		if !systemd.FlushNotify(5 * time.Second) {
+			log.Warn().Msg("handover: fd store messages still unread by systemd are dropped by the exec; those executions would not survive a crash")
+		}
 		err = syscall.Exec(exe, os.Args, env)
 		// Still here: exec failed before it replaced the image.
 		for fd := range h.Fds {
