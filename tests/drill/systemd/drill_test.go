@@ -182,7 +182,28 @@ func TestDrillSystemd(t *testing.T) {
 				rep.Rows = append(rep.Rows, drill.Row{Fault: f.name, Skipped: "daemon.info reports survival.handover false"})
 				return
 			}
+			before := unitState(t)
+			if f.name != "sd-kill-9" {
+				// Only sd-kill-9 restarts corrald on purpose: anywhere else a
+				// restart is a bug, and the first thing to know about it is
+				// how systemd saw the main process end.
+				after := fault.After
+				fault.After = func(ctx context.Context) []string {
+					var problems []string
+					if after != nil {
+						problems = after(ctx)
+					}
+					if now := unitState(t); now.NRestarts != before.NRestarts || now.MainPID != before.MainPID {
+						problems = append(problems, fmt.Sprintf("corrald restarted during the phase: main pid %s -> %s, NRestarts %s -> %s; the last run ended with Result=%s, ExecMainCode=%s, ExecMainStatus=%s",
+							before.MainPID, now.MainPID, before.NRestarts, now.NRestarts, now.Result, now.ExecMainCode, now.ExecMainStatus))
+					}
+					return problems
+				}
+			}
 			row := drill.RunPhase(cfg, tm, f.name, fault, checks)
+			if !row.OK() {
+				row.Problems = append(row.Problems, keepJournal(f.name))
+			}
 			rep.Rows = append(rep.Rows, row)
 			if !row.OK() {
 				t.Errorf("%s: %d wrong, %d unexpectedly lost, %d lost records, %d lost bytes, %d left over:\n%s",
@@ -257,4 +278,49 @@ func dbusRestart(t *testing.T) drill.Fault {
 			return "systemctl restart dbus under load: the bus goes away and comes back; the systemd backend must reconnect and miss no unit event"
 		},
 	}
+}
+
+// unitProps is what systemd says of corrald.service's main process.
+type unitProps struct {
+	MainPID, NRestarts, Result, ExecMainCode, ExecMainStatus string
+}
+
+func unitState(t *testing.T) unitProps {
+	t.Helper()
+	out := sh(t, "systemctl", "show", "-p", "MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus", "corrald.service")
+	var p unitProps
+	for _, l := range strings.Split(out, "\n") {
+		k, v, _ := strings.Cut(l, "=")
+		switch k {
+		case "MainPID":
+			p.MainPID = v
+		case "NRestarts":
+			p.NRestarts = v
+		case "Result":
+			p.Result = v
+		case "ExecMainCode":
+			p.ExecMainCode = v
+		case "ExecMainStatus":
+			p.ExecMainStatus = v
+		}
+	}
+	return p
+}
+
+// keepJournal copies corrald.service's journal (in the harness's /run,
+// gone with it) beside the report, for a phase that failed, and says where.
+func keepJournal(fault string) string {
+	rp := drill.ReportPath("2-systemd")
+	if rp == "" {
+		return "corrald's journal not kept without -drill.report"
+	}
+	out, err := exec.Command("journalctl", "--no-pager", "-o", "short-precise", "-u", "corrald.service").Output()
+	if err != nil {
+		return fmt.Sprintf("corrald's journal not kept: journalctl: %v", err)
+	}
+	dst := filepath.Join(filepath.Dir(rp), "corrald-journal-"+fault+".log")
+	if err := os.WriteFile(harness.InsidePath(dst), out, 0o644); err != nil {
+		return fmt.Sprintf("corrald's journal not kept: %v", err)
+	}
+	return "corrald's journal: " + dst
 }
