@@ -310,6 +310,11 @@ func (d *corrald) serve(ctx context.Context, r *reactor.Reactor) error {
 		if c.watchdogTick > 0 {
 			every = c.watchdogTick
 		}
+		// A ping at once, then every interval: after a handover the
+		// previous image's last ping was just before its exec, and
+		// waiting a whole interval for the first one here would leave
+		// systemd without one for longer than WatchdogSec.
+		systemd.Watchdog()
 		r.Every(loopCtx, every, func() { systemd.Watchdog() })
 	}
 	r.Every(loopCtx, 5*time.Second, func() {
