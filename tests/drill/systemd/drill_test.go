@@ -194,8 +194,8 @@ func TestDrillSystemd(t *testing.T) {
 						problems = after(ctx)
 					}
 					if now := unitState(t); now.NRestarts != before.NRestarts || now.MainPID != before.MainPID {
-						problems = append(problems, fmt.Sprintf("corrald restarted during the phase: main pid %s -> %s, NRestarts %s -> %s; the last run ended with Result=%s, ExecMainCode=%s, ExecMainStatus=%s",
-							before.MainPID, now.MainPID, before.NRestarts, now.NRestarts, now.Result, now.ExecMainCode, now.ExecMainStatus))
+						problems = append(problems, fmt.Sprintf("corrald restarted during the phase: main pid %s -> %s, NRestarts %s -> %s, fds in its store %s -> %s (now: Result=%s, ExecMainCode=%s, ExecMainStatus=%s; corrald's journal says how the old one ended)",
+							before.MainPID, now.MainPID, before.NRestarts, now.NRestarts, before.NFileDescriptorStore, now.NFileDescriptorStore, now.Result, now.ExecMainCode, now.ExecMainStatus))
 					}
 					return problems
 				}
@@ -282,12 +282,12 @@ func dbusRestart(t *testing.T) drill.Fault {
 
 // unitProps is what systemd says of corrald.service's main process.
 type unitProps struct {
-	MainPID, NRestarts, Result, ExecMainCode, ExecMainStatus string
+	MainPID, NRestarts, Result, ExecMainCode, ExecMainStatus, NFileDescriptorStore string
 }
 
 func unitState(t *testing.T) unitProps {
 	t.Helper()
-	out := sh(t, "systemctl", "show", "-p", "MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus", "corrald.service")
+	out := sh(t, "systemctl", "show", "-p", "MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus,NFileDescriptorStore", "corrald.service")
 	var p unitProps
 	for _, l := range strings.Split(out, "\n") {
 		k, v, _ := strings.Cut(l, "=")
@@ -302,6 +302,8 @@ func unitState(t *testing.T) unitProps {
 			p.ExecMainCode = v
 		case "ExecMainStatus":
 			p.ExecMainStatus = v
+		case "NFileDescriptorStore":
+			p.NFileDescriptorStore = v
 		}
 	}
 	return p
