@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/tests/harness"
 )
 
 // TestReloadFeedsWatchdog: the watchdog runs on through a reload, so the
@@ -21,18 +23,18 @@ import (
 // and dbus-restart losses).
 func TestReloadFeedsWatchdog(t *testing.T) {
 	setup(t)
-	conf := filepath.Join(os.Getenv("CORRAL_HARNESS_UNIT_DIR"), "corrald.service.d", "watchdog.conf")
+	conf := filepath.Join(os.Getenv(harness.EnvUnitDir), "corrald.service.d", "watchdog.conf")
 	if err := os.WriteFile(conf, []byte("[Service]\nWatchdogSec=60s\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		os.Remove(conf)
-		sh(t, "systemctl", "daemon-reload")
-		sh(t, "systemctl", "restart", "corrald.service")
+		harness.Sh(t, "systemctl", "daemon-reload")
+		harness.Sh(t, "systemctl", "restart", "corrald.service")
 		dial(t)
 	})
-	sh(t, "systemctl", "daemon-reload")
-	sh(t, "systemctl", "restart", "corrald.service")
+	harness.Sh(t, "systemctl", "daemon-reload")
+	harness.Sh(t, "systemctl", "restart", "corrald.service")
 	c := dial(t)
 	before, err := c.Info(ctx(t))
 	if err != nil {
@@ -44,7 +46,7 @@ func TestReloadFeedsWatchdog(t *testing.T) {
 		t.Fatal(err)
 	}
 	reloadAt := uint64(ts.Nano() / 1000)
-	sh(t, "systemctl", "reload", "corrald.service")
+	harness.Sh(t, "systemctl", "reload", "corrald.service")
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		c = dial(t)

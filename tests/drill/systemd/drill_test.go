@@ -287,7 +287,7 @@ type unitProps struct {
 
 func unitState(t *testing.T) unitProps {
 	t.Helper()
-	out := sh(t, "systemctl", "show", "-p", "MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus,NFileDescriptorStore", "corrald.service")
+	out := harness.Sh(t, "systemctl", "show", "-p", "MainPID,NRestarts,Result,ExecMainCode,ExecMainStatus,NFileDescriptorStore", "corrald.service")
 	var p unitProps
 	for _, l := range strings.Split(out, "\n") {
 		k, v, _ := strings.Cut(l, "=")
