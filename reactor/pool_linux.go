@@ -150,7 +150,15 @@ func (p *pool) create() (*pooled, error) {
 	defer cancel()
 	e := &pooled{id: "pool-" + newID(time.Now()), pidfd: -1}
 	e.cmd = &exec.Cmd{SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
-	h, err := shim.WrapPooled(e.cmd)
+	wrap := shim.WrapPooled
+	if p.r.cfg.Backend.Placement() != scope.PlaceHeld {
+		// Here the pool serves only commands that need the shim: network
+		// "none" ones, and non-root callers'. Make the network namespace
+		// ahead (about a millisecond of kernel work off the request's
+		// path); a host-network dispatch goes back to the host's.
+		wrap = shim.WrapPooledNetNS
+	}
+	h, err := wrap(e.cmd)
 	if err != nil {
 		return nil, err
 	}

@@ -40,12 +40,19 @@ func Main() {
 		fail(errPipe, newExecError("config", err))
 	}
 	if cfg.Deferred {
+		host := -1
+		if cfg.PreNetNS {
+			host = preNetNS()
+		}
 		if cfg, err = receiveDispatch(); err != nil {
 			var gone errParentGone
 			if errors.As(err, &gone) {
 				os.Exit(ExitParentGone)
 			}
 			fail(errPipe, newExecError("dispatch", err))
+		}
+		if e := usePreNetNS(cfg, host); e != nil {
+			fail(errPipe, e)
 		}
 	} else if cfg.Hold {
 		if err := hold(); err != nil {

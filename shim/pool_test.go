@@ -14,8 +14,14 @@ import (
 // startPooled starts a pooled shim with no command yet.
 func startPooled(t *testing.T) (*exec.Cmd, *shim.Handle) {
 	t.Helper()
+	return startPooledWith(t, shim.WrapPooled)
+}
+
+// startPooledWith is startPooled with WrapPooled or WrapPooledNetNS.
+func startPooledWith(t *testing.T, wrap func(*exec.Cmd) (*shim.Handle, error)) (*exec.Cmd, *shim.Handle) {
+	t.Helper()
 	cmd := &exec.Cmd{}
-	h, err := shim.WrapPooled(cmd)
+	h, err := wrap(cmd)
 	if err != nil {
 		t.Fatalf("WrapPooled = %v", err)
 	}
@@ -96,5 +102,57 @@ func TestPooledCloseWithoutDispatch(t *testing.T) {
 	cmd.Wait()
 	if code := cmd.ProcessState.ExitCode(); code != shim.ExitParentGone {
 		t.Errorf("undispatched pooled shim exit = %d, want %d", code, shim.ExitParentGone)
+	}
+}
+
+// TestPooledPreNetNS: a pooled shim that made its network namespace while
+// it waited (WrapPooledNetNS) runs a network "none" command there, with lo
+// up and nothing else, and a host-network command in the host's namespace.
+func TestPooledPreNetNS(t *testing.T) {
+	needRoot(t)
+	host, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, _ := os.Open(os.DevNull)
+	defer in.Close()
+	run := func(cfg shim.Config) string {
+		t.Helper()
+		cmd, h := startPooledWith(t, shim.WrapPooledNetNS)
+		time.Sleep(50 * time.Millisecond) // it makes the namespace while it waits
+		r, w, _ := os.Pipe()
+		defer r.Close()
+		cfg.Env = []string{testPath}
+		if err := h.Dispatch(cfg, in, w, w); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+		if rep, err := h.WaitExec(10 * time.Second); rep != nil || err != nil {
+			t.Fatalf("WaitExec = %+v, %v", rep, err)
+		}
+		var out bytes.Buffer
+		out.ReadFrom(r)
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%v: %v\n%s", cfg.Argv, err, out.String())
+		}
+		return out.String()
+	}
+	script := "readlink /proc/self/ns/net; cat /proc/net/dev; grep -c 127.0.0.1 /proc/net/fib_trie || true"
+	none := run(shim.Config{Argv: []string{"sh", "-c", script}, NewNetNS: true, LoopbackUp: true})
+	ns, rest, _ := strings.Cut(none, "\n")
+	if ns == host {
+		t.Errorf("network none command in the host's network namespace %s", ns)
+	}
+	for _, l := range strings.Split(rest, "\n") {
+		if name, _, ok := strings.Cut(strings.TrimSpace(l), ":"); ok && name != "lo" && !strings.Contains(name, "|") {
+			t.Errorf("interface %q visible in the new network namespace", name)
+		}
+	}
+	if lines := strings.Split(strings.TrimSpace(rest), "\n"); lines[len(lines)-1] == "0" {
+		t.Errorf("lo is not up in the new network namespace (no 127.0.0.1 route):\n%s", none)
+	}
+	hostNet := run(shim.Config{Argv: []string{"readlink", "/proc/self/ns/net"}})
+	if got := strings.TrimSpace(hostNet); got != host {
+		t.Errorf("host-network command in network namespace %s, want the host's %s", got, host)
 	}
 }

@@ -87,6 +87,12 @@ type Config struct {
 	// Deferred marks a pooled shim's placeholder config: the real one comes
 	// with the dispatch (WrapPooled).
 	Deferred bool `json:"deferred,omitempty"`
+	// PreNetNS, in a pooled shim's placeholder config (WrapPooledNetNS),
+	// makes the shim enter a new network namespace with lo up while it
+	// waits, off the request's path; a dispatch with NewNetNS then finds
+	// it made, one without returns to the shim's first network namespace
+	// (setns) before anything else.
+	PreNetNS bool `json:"pre_netns,omitempty"`
 	// Ctty makes the terminal on fd 0 the shim's controlling terminal
 	// (TIOCSCTTY) before anything else; the shim must lead its session
 	// (SysProcAttr.Setsid, as every corral child has). The command
