@@ -47,17 +47,31 @@ func TestMain(m *testing.M) {
 	os.Exit(harness.RunInsideWithBinaries(m, "corrald", "corral-shim"))
 }
 
-// writer writes for WRITER_MS milliseconds, as fast as the pipe takes it,
-// lines "<n>\n" numbered from 0 (so a reader can tell a byte lost or read
-// twice), then writes how many bytes it wrote to WRITER_COUNT and exits 0.
-// WRITER_PACE_US sleeps between lines.
+// writer writes for WRITER_MS milliseconds and until the file WRITER_UNTIL
+// exists, as fast as the pipe takes it, lines "<n>\n" numbered from 0 (so a
+// reader can tell a byte lost or read twice), then writes how many bytes it
+// wrote to WRITER_COUNT and exits 0. WRITER_PACE_US sleeps between lines.
 func writer() int {
 	ms, _ := strconv.Atoi(os.Getenv("WRITER_MS"))
 	pace, _ := strconv.Atoi(os.Getenv("WRITER_PACE_US"))
+	until := os.Getenv("WRITER_UNTIL")
 	end := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	var looked time.Time
+	more := func() bool {
+		now := time.Now()
+		if now.Before(end) || until == "" {
+			return now.Before(end)
+		}
+		if now.Sub(looked) < 10*time.Millisecond {
+			return true
+		}
+		looked = now
+		_, err := os.Stat(until)
+		return err != nil
+	}
 	var total int64
 	buf := make([]byte, 0, 64<<10)
-	for n := 0; time.Now().Before(end); {
+	for n := 0; more(); {
 		buf = buf[:0]
 		for len(buf) < 32<<10 {
 			buf = strconv.AppendInt(buf, int64(n), 10)
@@ -167,8 +181,11 @@ func strOr(p *string) string {
 
 // load is the 20 executions of "What it must show".
 type load struct {
-	writers  []string // ids; each counts its own bytes in countDir/<id>
-	seq      string   // a paced writer whose every byte is kept (the follower's)
+	writers []string // ids; each counts its own bytes in countDir/<id>
+	// stop is the file whose creation ends the writers (after writeMS):
+	// check creates it, so they run across the restart whatever the load.
+	stop     string
+	seq      string // a paced writer whose every byte is kept (the follower's)
 	sleepers []string
 	stdin    string
 	timeout  string
@@ -177,13 +194,15 @@ type load struct {
 	units    map[string]string
 }
 
-// startLoad starts the 20: 6 fast writers and a paced one for writeMS, 10
-// sleepers of sleepMS, cat with stdin open, a sleep whose timeout is
-// timeoutMS, and one that exits 7 after exit7MS.
+// startLoad starts the 20: 6 fast writers and a paced one for writeMS and
+// until check, 10 sleepers of sleepMS, cat with stdin open, a sleep whose
+// timeout is timeoutMS, and one that exits 7 after exit7MS.
 func startLoad(t *testing.T, c *ipc.Client, writeMS, sleepMS, timeoutMS, exit7MS int) *load {
 	t.Helper()
 	exe, _ := os.Executable()
-	l := &load{pids: map[string]int{}, units: map[string]string{}}
+	l := &load{pids: map[string]int{}, units: map[string]string{},
+		stop: fmt.Sprintf("%s/stop-%d", countDir, time.Now().UnixNano())}
+	t.Cleanup(func() { os.Remove(l.stop) })
 	start := func(p api.StartParams) string {
 		t.Helper()
 		if p.TimeoutMS == 0 {
@@ -203,12 +222,12 @@ func startLoad(t *testing.T, c *ipc.Client, writeMS, sleepMS, timeoutMS, exit7MS
 	for i := 0; i < 6; i++ {
 		id := fmt.Sprintf("writer-%d-%d", i, time.Now().UnixNano())
 		start(api.StartParams{ID: id, Argv: []string{exe}, Env: map[string]string{
-			helper: "writer", "WRITER_MS": strconv.Itoa(writeMS), "WRITER_COUNT": countDir + "/" + id}})
+			helper: "writer", "WRITER_MS": strconv.Itoa(writeMS), "WRITER_UNTIL": l.stop, "WRITER_COUNT": countDir + "/" + id}})
 		l.writers = append(l.writers, id)
 	}
 	l.seq = fmt.Sprintf("seq-%d", time.Now().UnixNano())
 	start(api.StartParams{ID: l.seq, Argv: []string{exe}, OutputLimitBytes: 64 << 20, Env: map[string]string{
-		helper: "writer", "WRITER_MS": strconv.Itoa(writeMS), "WRITER_PACE_US": "200", "WRITER_COUNT": countDir + "/" + l.seq}})
+		helper: "writer", "WRITER_MS": strconv.Itoa(writeMS), "WRITER_UNTIL": l.stop, "WRITER_PACE_US": "200", "WRITER_COUNT": countDir + "/" + l.seq}})
 	for i := 0; i < 10; i++ {
 		l.sleepers = append(l.sleepers, start(api.StartParams{Argv: []string{"sleep", fmt.Sprintf("%.3f", float64(sleepMS)/1000)}}))
 	}
@@ -218,28 +237,55 @@ func startLoad(t *testing.T, c *ipc.Client, writeMS, sleepMS, timeoutMS, exit7MS
 	return l
 }
 
-// check waits for all 20 and asserts the real outcomes, the byte counts,
-// adoption, and that the trees and the fd store are empty at the end.
-func (l *load) check(t *testing.T, c *ipc.Client, adopted int) {
+// check ends the writers, waits for all 20 and asserts the real outcomes,
+// the byte counts, adoption, and that the trees and the fd store are empty
+// at the end. since is when the image that took over started (daemon.info
+// started_at): every execution whose exit that image recorded (exited_at
+// not before since) ran across the restart and must have been adopted
+// once; one that ended before may have been cleaned by the image before
+// (adopted 0, cleaned_at before since) or handed over with only its
+// cleanup left (adopted 1), and must have its real outcome either way. The
+// writers and cat run until check ends them, so they were running at the
+// restart whatever the load: adopted 1. It returns how many were adopted.
+func (l *load) check(t *testing.T, c *ipc.Client, since time.Time) int {
 	t.Helper()
+	if err := os.WriteFile(l.stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Write(ctx(t), api.WriteParams{ID: l.stdin, Data: []byte("still open"), Close: true}); err != nil {
 		t.Errorf("exec.write to the stdin kept open: %v", err)
 	}
-	wait := func(id string) api.Record {
+	adopted := 0
+	wait := func(id string, acrossRestart bool) api.Record {
 		rec, err := c.Wait(ctx(t), api.WaitParams{ID: id})
 		if err != nil || rec.State != api.StateCleaned {
 			t.Fatalf("exec.wait %s: %v (state %v)\n%s", id, err, rec.State, journalTail())
 		}
+		t.Logf("%s (%v): started %s exited %s cleaned %s, adopted %d, %s; new image %s", id, rec.Argv,
+			stamp(rec.StartedAt), stamp(rec.ExitedAt), stamp(rec.CleanedAt), rec.Adopted, outcome(rec), stamp(&since))
 		if outcome(rec) == "lost" {
 			t.Errorf("%s (%v): lost: %s", id, rec.Argv, strOr(rec.Error))
 		}
-		if rec.Adopted != adopted {
-			t.Errorf("%s (%v): adopted %d, want %d", id, rec.Argv, rec.Adopted, adopted)
+		if rec.ExitedAt == nil || rec.CleanedAt == nil {
+			t.Fatalf("%s (%v): cleaned without exited_at or cleaned_at: %+v", id, rec.Argv, rec)
+		}
+		adopted += rec.Adopted
+		switch {
+		case acrossRestart || !rec.ExitedAt.Before(since):
+			if rec.Adopted != 1 {
+				t.Errorf("%s (%v): adopted %d, want 1: exited %s, running when the new image started at %s",
+					id, rec.Argv, rec.Adopted, stamp(rec.ExitedAt), stamp(&since))
+			}
+		case rec.Adopted == 0 && !rec.CleanedAt.Before(since):
+			t.Errorf("%s (%v): adopted 0 but cleaned at %s, after the new image started at %s",
+				id, rec.Argv, stamp(rec.CleanedAt), stamp(&since))
+		case rec.Adopted > 1:
+			t.Errorf("%s (%v): adopted %d, want at most 1", id, rec.Argv, rec.Adopted)
 		}
 		return rec
 	}
 	for _, id := range append(append([]string{}, l.writers...), l.seq) {
-		rec := wait(id)
+		rec := wait(id, true)
 		b, err := os.ReadFile(countDir + "/" + id)
 		if err != nil {
 			t.Errorf("writer %s: no count: %v (outcome %s)", id, err, outcome(rec))
@@ -254,20 +300,29 @@ func (l *load) check(t *testing.T, c *ipc.Client, adopted int) {
 		}
 	}
 	for _, id := range l.sleepers {
-		if rec := wait(id); outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 0 {
+		if rec := wait(id, false); outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 0 {
 			t.Errorf("sleeper %s: outcome %s exit %v error %q", id, outcome(rec), rec.ExitCode, strOr(rec.Error))
 		}
 	}
-	if rec := wait(l.stdin); outcome(rec) != "exited" || rec.Stdout.TotalBytes != int64(len("still open")) {
+	if rec := wait(l.stdin, true); outcome(rec) != "exited" || rec.Stdout.TotalBytes != int64(len("still open")) {
 		t.Errorf("cat with stdin open: outcome %s, stdout %d bytes; want exited, what was written after the restart", outcome(rec), rec.Stdout.TotalBytes)
 	}
-	if rec := wait(l.timeout); outcome(rec) != "timeout" {
+	if rec := wait(l.timeout, false); outcome(rec) != "timeout" {
 		t.Errorf("timeout: outcome %s error %q, want timeout", outcome(rec), strOr(rec.Error))
 	}
-	if rec := wait(l.exit7); outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 7 {
+	if rec := wait(l.exit7, false); outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 7 {
 		t.Errorf("exit 7: outcome %s exit %v error %q, want exited 7", outcome(rec), rec.ExitCode, strOr(rec.Error))
 	}
 	l.checkGone(t)
+	return adopted
+}
+
+// stamp is a record's time as the failures print it.
+func stamp(p *time.Time) string {
+	if p == nil {
+		return "-"
+	}
+	return p.Format("15:04:05.000000")
 }
 
 // checkGone: every tree and scope is gone, and nothing is left in the fd
@@ -413,9 +468,11 @@ func TestSurviveKill9(t *testing.T) {
 	if info.Survival == nil || !info.Survival.FdStore || !info.Survival.Handover || !info.Survival.PidfdExitInfo {
 		t.Fatalf("daemon.info survival = %+v, want all true under systemd on this kernel", info.Survival)
 	}
-	// Killed at ~0.5s; systemd restarts it after RestartSec=1s: the
-	// timeout (1.2s) and the exit 7 (0.9s) fall due while it is down; the
-	// writers go on for 4s, blocking on full pipes meanwhile.
+	// Killed at ~0.5s after the last start; systemd restarts it after
+	// RestartSec=1s: the timeout (1.2s) and the exit 7 (0.9s) fall due
+	// while it is down (unless starting the 20 took longer than that:
+	// check tells by exited_at); the writers go on until check, blocking
+	// on full pipes meanwhile.
 	l := startLoad(t, c, 4000, 4000, 1200, 900)
 	time.Sleep(500 * time.Millisecond)
 	old := mainPID(t)
@@ -425,13 +482,14 @@ func TestSurviveKill9(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Adopted != 20 {
-		t.Errorf("daemon.info adopted = %d after the restart, want 20", info.Adopted)
+	if n := l.check(t, c, info.StartedAt); info.Adopted != n {
+		t.Errorf("daemon.info adopted = %d after the restart, but %d records say adopted", info.Adopted, n)
 	}
-	l.check(t, c, 1)
-	out, _ := exec.Command("journalctl", "-u", "corrald", "EVENT=adopted", "EXEC_ID="+l.exit7, "-o", "cat", "--no-pager").Output()
-	if !strings.Contains(string(out), "adopted") {
-		t.Errorf("journal has no EVENT=adopted for %s", l.exit7)
+	if rec, err := c.Get(ctx(t), l.exit7); err != nil || rec.Adopted == 1 {
+		out, _ := exec.Command("journalctl", "-u", "corrald", "EVENT=adopted", "EXEC_ID="+l.exit7, "-o", "cat", "--no-pager").Output()
+		if !strings.Contains(string(out), "adopted") {
+			t.Errorf("journal has no EVENT=adopted for %s (%v)", l.exit7, err)
+		}
 	}
 }
 
@@ -453,8 +511,9 @@ func TestSurviveReload(t *testing.T) {
 	harness.Sh(t, "systemctl", "reload", "corrald.service")
 	c = dial(t)
 	deadline := time.Now().Add(20 * time.Second)
+	var info api.Info
 	for {
-		info, err := c.Info(ctx(t))
+		info, err = c.Info(ctx(t))
 		if err == nil && info.StartedAt.After(before.StartedAt) {
 			if info.PID != before.PID {
 				t.Errorf("after the reload: pid %d, want the same pid %d (in-place exec)", info.PID, before.PID)
@@ -472,7 +531,11 @@ func TestSurviveReload(t *testing.T) {
 	if refused > 0 {
 		t.Errorf("%d of %d connection attempts refused during the handover", refused, tries)
 	}
-	l.check(t, c, 1)
+	// The 1.5s and 1.6s executions fall due after the handover unless it
+	// (or starting the 20) took longer than that: check tells by exited_at.
+	if n := l.check(t, c, info.StartedAt); info.Adopted != n {
+		t.Errorf("daemon.info adopted = %d after the reload, but %d records say adopted", info.Adopted, n)
+	}
 	var got []byte
 	select {
 	case got = <-followed:
@@ -517,7 +580,11 @@ func TestHandoverToFailingBinary(t *testing.T) {
 	old := mainPID(t)
 	_ = exec.Command("systemctl", "reload", "corrald.service").Run() // fails: the new image died
 	c = waitNewMain(t, old)
-	l.check(t, c, 1)
+	info, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.check(t, c, info.StartedAt)
 }
 
 // TestNoPidfdExitInfoIsLost: forced to act as on a kernel without
