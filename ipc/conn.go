@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -62,7 +63,7 @@ func newConn(s *Server, nc *net.UnixConn, owner api.Owner) *conn {
 	if inflight <= 0 {
 		inflight = DefaultMaxInFlight
 	}
-	return &conn{
+	c := &conn{
 		srv:        s,
 		nc:         nc,
 		owner:      owner,
@@ -73,6 +74,40 @@ func newConn(s *Server, nc *net.UnixConn, owner api.Owner) *conn {
 		out:        newOutQueue(max(s.NoteQueueLen, 1), max(s.NoteQueueBytes, 1)),
 		writerDone: make(chan struct{}),
 	}
+	if nc == nil {
+		return c // a test of dispatch alone
+	}
+	if rc, err := nc.SyscallConn(); err == nil {
+		c.out.direct = func(b []byte) int { return writeNonblocking(rc, b) }
+	}
+	return c
+}
+
+// writeNonblocking writes as much of b to the socket as it takes now (the
+// netpoller keeps it non-blocking) and returns how much that was: 0 on
+// EAGAIN, a write deadline passed or an error, which the writer goroutine
+// then meets itself.
+func writeNonblocking(rc syscall.RawConn, b []byte) int {
+	n := 0
+	_ = rc.Write(func(fd uintptr) bool {
+		for n < len(b) {
+			// syscall's, not x/sys's: under -race it orders this write
+			// before the peer's read as net's own writes are (both go
+			// through syscall's ioSync).
+			m, err := syscall.Write(int(fd), b[n:])
+			if m > 0 {
+				n += m
+			}
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil || m <= 0 {
+				break
+			}
+		}
+		return true // never wait for room: the writer does
+	})
+	return n
 }
 
 // abort closes the connection now: pending responses are discarded and
@@ -140,7 +175,9 @@ func (c *conn) writeLoop() {
 		if !ok {
 			return
 		}
-		if _, err := c.nc.Write(it.b); err != nil {
+		_, err := c.nc.Write(it.b)
+		c.out.written()
+		if err != nil {
 			c.log.Debug().Err(err).Msg("write failed; closing connection")
 			c.abort()
 			return
