@@ -155,12 +155,7 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 
 	fail := func(err error) error {
 		s.b.bus.removals.forget(s.unit)
-		s.mu.Lock()
-		s.state = unitFailed
-		w := s.watch
-		s.watch, s.oom = nil, nil // s.oom's fd closes with the watcher
-		s.mu.Unlock()
-		w.stop() // not under mu: its goroutines take it
+		s.dropWatch(unitFailed)
 		return fmt.Errorf("start scope %s: %w", s.unit, err)
 	}
 	ctx, cancel := s.b.bus.bound(ctx)
@@ -387,12 +382,22 @@ func (s *systemdScope) Remove() error {
 	s.b.bus.removals.forget(s.unit)
 	s.mu.Lock()
 	s.statsLocked() // final reading: from the cache, the cgroup is gone now
-	s.state = unitRemoved
+	s.mu.Unlock()
+	s.dropWatch(unitRemoved)
+	return nil
+}
+
+// dropWatch moves s to st (failed or removed) and stops its watcher, in the
+// same critical section: a registration still under way (SetLimits' OOM
+// eventfd) sees the state and closes its fd itself (watchOOM); one that
+// got in before is closed by the watcher's stop.
+func (s *systemdScope) dropWatch(st unitState) {
+	s.mu.Lock()
+	s.state = st
 	w := s.watch
 	s.watch, s.oom = nil, nil // s.oom's fd closes with the watcher
 	s.mu.Unlock()
-	w.stop()
-	return nil
+	w.stop() // not under mu: its goroutines take it
 }
 
 // selfStopWait bounds how long Remove waits for systemd to stop an empty
@@ -500,15 +505,20 @@ func (s *systemdScope) SetLimits(ctx context.Context, l Limits) error {
 	if err != nil {
 		return fmt.Errorf("set limits of %s: %w", s.unit, err)
 	}
-	s.mu.Lock()
-	s.limits.TasksMax, s.limits.MemoryBytes = l.TasksMax, l.MemoryBytes
-	// A memory limit set now needs the v1 OOM notification that Started
-	// only registers for scopes created with one (the pool's are not).
-	needOOM := l.MemoryBytes > 0 && s.oom == nil && s.watch != nil && s.paths.Memory != ""
-	w, paths := s.watch, s.paths
-	s.mu.Unlock()
-	if needOOM {
+	if w, paths, needOOM := s.limitsSet(l); needOOM {
+		// Remove may run meanwhile: watchOOM then closes the eventfd.
 		s.watchOOM(w, paths)
 	}
 	return nil
+}
+
+// limitsSet records the limits systemd applied and says whether the scope
+// now needs the v1 OOM notification that Started only registers for scopes
+// created with a memory limit (the pool's are not), and for which watcher.
+func (s *systemdScope) limitsSet(l Limits) (w *cgroupWatch, paths unitCgroups, needOOM bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limits.TasksMax, s.limits.MemoryBytes = l.TasksMax, l.MemoryBytes
+	needOOM = l.MemoryBytes > 0 && s.oom == nil && s.watch != nil && s.paths.Memory != ""
+	return s.watch, s.paths, needOOM
 }

@@ -32,9 +32,17 @@ import (
 // inotify watcher (cgroupv2.Watcher: one instance for all scopes, since
 // closing one costs a kernel grace period) only call the scope's locked
 // methods.
+//
+// The watch owns the OOM eventfd: watchOOM hands the fd over (adopt) or
+// closes it itself, and stop closes what was handed over. A SetLimits that
+// registers while Remove runs may finish its registration after stop; adopt
+// then refuses the fd, so nothing outlives stop.
 type cgroupWatch struct {
 	unwatch func() // ends the cgroup.events/memory.events watch, or nil
-	files   []*os.File
+
+	mu      sync.Mutex
+	stopped bool       // stop began: adopt refuses
+	files   []*os.File // adopted fds, closed by stop
 	wg      sync.WaitGroup
 }
 
@@ -58,7 +66,10 @@ func (s *systemdScope) startWatch(p unitCgroups) *cgroupWatch {
 }
 
 // watchOOM registers for the v1 memory cgroup's OOM notifications, which
-// only a scope with a memory limit needs.
+// only a scope with a memory limit needs. The registration counts only if
+// the scope is still starting or running with no OOM eventfd yet (two
+// SetLimits may race) and w still takes it (Remove may have stopped w
+// meanwhile); otherwise the eventfd is closed here and then.
 func (s *systemdScope) watchOOM(w *cgroupWatch, p unitCgroups) {
 	o, err := openV1OOM(p.Memory)
 	if err != nil {
@@ -66,9 +77,30 @@ func (s *systemdScope) watchOOM(w *cgroupWatch, p unitCgroups) {
 		return
 	}
 	s.mu.Lock()
-	s.oom = o
+	live := s.state == unitStarting || s.state == unitRunning
+	taken := live && s.oom == nil && w.adopt(o.file)
+	if taken {
+		s.oom = o
+	}
 	s.mu.Unlock()
+	if !taken {
+		o.file.Close()
+		return
+	}
 	w.runOOM(o, s)
+}
+
+// adopt makes f w's to close, and counts the goroutine that will read it
+// (runOOM), unless stop already began. It reports whether w took f.
+func (w *cgroupWatch) adopt(f *os.File) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return false
+	}
+	w.files = append(w.files, f)
+	w.wg.Add(1)
+	return true
 }
 
 // v1OOM is the accounting of a v1 OOM eventfd. The kernel signals the
@@ -120,10 +152,8 @@ func (o *v1OOM) drainLocked(memDir string, wait time.Duration) {
 }
 
 // runOOM reads the OOM eventfd in the background, so an OOM is seen while
-// the cgroup still exists even when nobody calls Stats.
+// the cgroup still exists even when nobody calls Stats. w adopted o.file.
 func (w *cgroupWatch) runOOM(o *v1OOM, s *systemdScope) {
-	w.files = append(w.files, o.file)
-	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
 		var buf [8]byte
@@ -147,7 +177,8 @@ func (w *cgroupWatch) runOOM(o *v1OOM, s *systemdScope) {
 	}()
 }
 
-// stop closes the watcher's fds and waits for its goroutines. Idempotent.
+// stop closes the watcher's fds and waits for its goroutines; fds offered
+// later are refused (adopt). Idempotent.
 func (w *cgroupWatch) stop() {
 	if w == nil {
 		return
@@ -155,10 +186,14 @@ func (w *cgroupWatch) stop() {
 	if w.unwatch != nil {
 		w.unwatch()
 	}
-	for _, f := range w.files {
+	w.mu.Lock()
+	w.stopped = true
+	files := w.files
+	w.files = nil
+	w.mu.Unlock()
+	for _, f := range files {
 		f.Close()
 	}
-	w.files = nil
 	w.wg.Wait()
 }
 
