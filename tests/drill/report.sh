@@ -40,7 +40,27 @@ Bugs the drills found, each fixed with a test beside the code:
   found the state directory locked "by pid <its own pid>" (the old image's
   lock, still held by a child it was forking at the exec) and exited 1,
   taking every execution it was handed with it:
-  `store.TestLockHeldUnderOwnPidIsWaitedFor`.
+  `store.TestLockHeldUnderOwnPidIsWaitedFor`;
+- at the fd limit, a tree kill (cgroup.kill, then the freeze-and-signal
+  fallback) failed with EMFILE and was never resent: the execution ended
+  cleaned with a background child alive and its cgroup left behind
+  (c4d3135: a failed kill or removal is retried while the scope is
+  populated): `reactor.TestCleanupRetriesFailedKill`,
+  `reactor.TestCleanupRetriesFailedRemove`; and the thaw after a
+  freeze-and-signal needed a new fd, so a tree could stay frozen (e4df43d):
+  `cgroupv2.TestSignalThawsAtFDLimit`;
+- with about 100 fds open (many executions after a reload or a kill -9), a
+  start could fail `fork/exec /proc/self/fd/100: permission denied`: Go's
+  fork parks its exec-error pipe one above the child's highest fd, which
+  could be the daemon's pinned corral-shim number (118429f: the child gets
+  the shim on its own fd 6): `shim.TestPinnedShimRunsWhenAChildFdIsJustBelowIt`;
+- a reload under load could outlast `WatchdogSec`: the watchdog runs on
+  through the handover, which sent no ping, and the new image's first ping
+  came an interval after its start; systemd SIGABRTed the new image and
+  the restarted one adopted nothing (63 lost in one sd-reload phase;
+  3e0244a): `tests/survival.TestReloadFeedsWatchdog`; and a notification
+  to a PID 1 that does not read could block the loop (46e7675):
+  `systemd.TestNotifierDoesNotBlockWhenReceiverStalls`.
 
 HEAD
 for f in "$1"/*.md; do
