@@ -7,6 +7,7 @@
 package systemd
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -200,9 +201,10 @@ func TestDrillSystemd(t *testing.T) {
 					return problems
 				}
 			}
+			began := time.Now()
 			row := drill.RunPhase(cfg, tm, f.name, fault, checks)
 			if !row.OK() {
-				row.Problems = append(row.Problems, keepJournal(f.name))
+				row.Problems = append(row.Problems, keepJournal(f.name, began))
 			}
 			rep.Rows = append(rep.Rows, row)
 			if !row.OK() {
@@ -309,20 +311,33 @@ func unitState(t *testing.T) unitProps {
 	return p
 }
 
-// keepJournal copies corrald.service's journal (in the harness's /run,
-// gone with it) beside the report, for a phase that failed, and says where.
-func keepJournal(fault string) string {
+// journalFields are the journal fields keepJournal keeps of each entry:
+// corrald's own (systemd.JournalWriter: EVENT, EXEC_ID, ERROR, and the
+// whole event in JSON) and, for what is not corrald's zerolog (systemd's
+// lines about the unit, a panic or SIGQUIT dump on stderr), MESSAGE and
+// PRIORITY.
+const journalFields = "MESSAGE,PRIORITY,EVENT,EXEC_ID,ERROR,_PID,JSON"
+
+// keepJournal copies corrald.service's journal since the phase began (the
+// journal is in the harness's /run, gone with it) beside the report, for a
+// phase that failed or left something behind, and says where. Each entry
+// is a timestamped header and one FIELD=value line per field, so `grep
+// EVENT=` or `grep PRIORITY=3` finds what corrald reported.
+func keepJournal(fault string, since time.Time) string {
 	rp := drill.ReportPath("2-systemd")
 	if rp == "" {
 		return "corrald's journal not kept without -drill.report"
 	}
-	out, err := exec.Command("journalctl", "--no-pager", "-o", "short-precise", "-u", "corrald.service").Output()
+	out, err := exec.Command("journalctl", "--no-pager", "-u", "corrald.service", "-o", "verbose", "--output-fields="+journalFields,
+		fmt.Sprintf("--since=@%d", since.Unix())).Output()
 	if err != nil {
 		return fmt.Sprintf("corrald's journal not kept: journalctl: %v", err)
 	}
-	dst := filepath.Join(filepath.Dir(rp), "corrald-journal-"+fault+".log")
-	if err := os.WriteFile(harness.InsidePath(dst), out, 0o644); err != nil {
+	name := "corrald-journal-" + fault + ".log"
+	if err := os.WriteFile(harness.InsidePath(filepath.Join(filepath.Dir(rp), name)), out, 0o644); err != nil {
 		return fmt.Sprintf("corrald's journal not kept: %v", err)
 	}
-	return "corrald's journal: " + dst
+	// By name: the report's directory is seen under another path inside
+	// the harness than on the host.
+	return fmt.Sprintf("corrald's journal since the phase began (%d entries): %s, beside this report", bytes.Count(out, []byte("\n    MESSAGE=")), name)
 }
