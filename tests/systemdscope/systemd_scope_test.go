@@ -608,3 +608,51 @@ func TestKillBeforeStarted(t *testing.T) {
 		t.Errorf("Remove: %v", err)
 	}
 }
+
+// TestSetLimitsOOMCounted: a pool scope is created without limits and gets
+// the request's memory limit from SetLimits, which must then register the
+// v1 OOM notification itself (hybrid host) so that the OOM kill of the
+// only process is counted although its cgroup is gone by the time Stats is
+// asked; and Remove must close that registration's eventfd.
+func TestSetLimitsOOMCounted(t *testing.T) {
+	if _, err := exec.LookPath("perl"); err != nil {
+		testenv.Skip(t, "perl not installed")
+	}
+	b, _ := newBackend(t)
+	fds := testenv.Measure()
+	for i := range 3 {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			goFile := filepath.Join(t.TempDir(), "go")
+			c := startIn(t, b, uniqueID(t), scope.Limits{},
+				"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.01; done; exec perl -e '$x = "a" x (256 << 20); print "survived\n"'`, goFile)
+			lim, ok := c.sc.(scope.Limiter)
+			if !ok {
+				t.Fatalf("systemd scope %T is not a scope.Limiter", c.sc)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			if err := lim.SetLimits(ctx, scope.Limits{MemoryBytes: 32 << 20}); err != nil {
+				t.Fatalf("SetLimits: %v", err)
+			}
+			if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c.wait(t, 20*time.Second)
+			ws := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("perl ended with %v (stdout %q), want SIGKILL by the OOM killer under the limit SetLimits set", c.cmd.ProcessState, c.stdout.String())
+			}
+			st, err := c.sc.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.OOMKills < 1 {
+				t.Errorf("Stats().OOMKills = %d after the only process was OOM-killed under a SetLimits memory limit, want >= 1", st.OOMKills)
+			}
+		})
+	}
+	// The subtests' cleanups removed their scopes.
+	if err := fds.CheckFDs(10 * time.Second); err != nil {
+		t.Errorf("after Remove of scopes limited by SetLimits: %v", err)
+	}
+}
