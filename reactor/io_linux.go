@@ -62,7 +62,7 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 		r.toExited(e, exitResult{startErr: sp.startErr, errno: sp.errno})
 		return
 	}
-	e.proc, e.sc = sp.proc, sp.sc
+	e.proc, e.sc, e.launched = sp.proc, sp.sc, sp.launched
 	if l, ok := scope.Unenforced(sp.sc); ok {
 		for _, u := range []struct {
 			name string

@@ -46,6 +46,9 @@ type pooled struct {
 	h     *shim.Handle
 	sc    scope.Scope
 	pidfd int // -1 without pidfds
+	// dispatched is when the shim was given its command (dispatchPooled):
+	// the command's started_at.
+	dispatched time.Time
 }
 
 func newPool(r *Reactor, size int) *pool {
@@ -275,6 +278,7 @@ func (r *Reactor) dispatchPooled(e *pooled, cfg shim.Config, lim scope.Limits, s
 		defer f.Close()
 		devnull = f
 	}
+	e.dispatched = time.Now()
 	if err := e.h.Dispatch(cfg, devnull, stdout, stderr); err != nil {
 		r.log.Warn().Err(err).Str("scope", e.sc.Name()).Msg("pool: dispatch; starting inline")
 		r.pool.discard(e)

@@ -111,6 +111,11 @@ type Reactor struct {
 	adopted                   int // executions taken over at start; fixed after New
 	startedAt                 time.Time
 	runningAt                 atomic.Int64 // running count mirrored for Info
+
+	// beforeAdopt, when set (tests only), runs on a starting client's
+	// goroutine between the spawn and handing the child to the loop: a
+	// loop that takes the child up late.
+	beforeAdopt func()
 }
 
 var (

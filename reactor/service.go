@@ -78,6 +78,9 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	// durable: a record the client was given is one recovery knows, scope
 	// and pid included.
 	recCh := make(chan api.Record, 1)
+	if r.beforeAdopt != nil {
+		r.beforeAdopt()
+	}
 	r.post(func() {
 		e.startAck = recCh
 		r.adopt(e, sp)

@@ -32,6 +32,7 @@ type spawned struct {
 	stdin    int // -1: the child's stdin is /dev/null
 	tty      int // the terminal's master (tty: true; stdout, stderr and stdin are -1), or -1
 	work     string
+	launched time.Time // when the command was let run (placed.launched, or the pooled dispatch)
 	startErr error
 	errno    string
 }
@@ -194,7 +195,7 @@ func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawn
 		cfg.Ctty = p.TTY
 		if xerr, ok := r.dispatchPooled(pe, cfg, limits, stdin, outW, errW); ok {
 			closeChild()
-			sp.proc, sp.sc, sp.pidfd = pe.cmd.Process, pe.sc, pe.pidfd
+			sp.proc, sp.sc, sp.pidfd, sp.launched = pe.cmd.Process, pe.sc, pe.pidfd, pe.dispatched
 			if xerr != nil {
 				return fail(r.undoStart(e, sp, xerr)), nil // the shim exits right after its report
 			}
@@ -259,7 +260,7 @@ func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawn
 		sp.closeFds()
 		return fail(err), nil
 	}
-	sp.proc, sp.sc, sp.pidfd = pl.proc, pl.sc, pl.pidfd
+	sp.proc, sp.sc, sp.pidfd, sp.launched = pl.proc, pl.sc, pl.pidfd, pl.launched
 	if sh != nil {
 		// Wait for the shim's exec, so that a command that cannot run is
 		// a failed start, as without the shim.

@@ -18,6 +18,9 @@ type placed struct {
 	proc  *os.Process
 	pidfd int // dup'd pidfd, or -1 without pidfds
 	sc    scope.Scope
+	// launched is when the child was let run: just before the fork, or
+	// before the release of a held one. A command's started_at.
+	launched time.Time
 }
 
 // startPlaced is the sequence every child goes through, a command's (spawn)
@@ -48,7 +51,11 @@ func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Han
 		}
 		return pl, fmt.Errorf("create scope for %s: %w", spec.ID, err)
 	}
+	held := sh != nil && sh.Held()
 	err = r.reaper.fork(func() (int, error) {
+		if !held {
+			pl.launched = time.Now()
+		}
 		if err := cmd.Start(); err != nil {
 			return 0, err
 		}
@@ -75,6 +82,9 @@ func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Han
 	} else if sh != nil {
 		// Placed: the child may go on. A no-op for a shim that was not
 		// held, and for a pooled one (it waits for Dispatch).
+		if held {
+			pl.launched = time.Now()
+		}
 		if rerr := sh.Release(); rerr != nil {
 			err = fmt.Errorf("release shim: %w", rerr)
 		}

@@ -46,14 +46,15 @@ type execution struct {
 	// in this file only.
 	cancel *cancelRequest
 
-	proc    *os.Process
-	pidfd   int // dup'd pidfd in the loop's epoll set; -1 when none
-	sc      scope.Scope
-	streams [2]*stream // stdout, stderr
-	stdin   *stdinPipe
-	tty     *terminal // tty: true: the terminal's master, owned here (tty_linux.go)
-	work    string    // workspace to delete at cleanup, or ""
-	parked  []string  // roles of its fds in the fd store (adopt_linux.go)
+	proc     *os.Process
+	launched time.Time // when spawn let the command run: started_at (toRunning)
+	pidfd    int       // dup'd pidfd in the loop's epoll set; -1 when none
+	sc       scope.Scope
+	streams  [2]*stream // stdout, stderr
+	stdin    *stdinPipe
+	tty      *terminal // tty: true: the terminal's master, owned here (tty_linux.go)
+	work     string    // workspace to delete at cleanup, or ""
+	parked   []string  // roles of its fds in the fd store (adopt_linux.go)
 
 	timeout, grace, killWait, sampler, reap *eventloop.Timer
 	idle                                    *eventloop.Timer // idle_timeout_ms (deadline.go)
@@ -132,7 +133,13 @@ func (r *Reactor) toRunning(e *execution) {
 	if !r.transition(e, api.StateRunning) {
 		return
 	}
-	now := time.Now()
+	// started_at is when the command was let run (spawn stamps it), not
+	// now: under load the loop takes this up later, and the wall limit
+	// counts from the start the child saw.
+	now := e.launched
+	if now.IsZero() {
+		now = time.Now()
+	}
 	e.rec.StartedAt = &now
 	e.rec.PID = e.proc.Pid
 	if e.sc != nil {
