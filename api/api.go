@@ -336,7 +336,7 @@ type SurvivalInfo struct {
 
 // PoolInfo describes the warm pool of shims waiting in their scopes.
 type PoolInfo struct {
-	Size    int     `json:"size"`     // target number of waiting shims
+	Size    int     `json:"size"`     // target number of waiting shims now (--pool-size, raised by misses, at most 2 times it)
 	Idle    int     `json:"idle"`     // waiting now
 	Hits    int64   `json:"hits"`     // exec.start served by a waiting shim
 	Misses  int64   `json:"misses"`   // exec.start that found the pool empty

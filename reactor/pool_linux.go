@@ -23,20 +23,39 @@ import (
 // so exec.start only applies the request's limits, hands the command and
 // its stdio to a waiting shim, and waits for its exec.
 //
-// Ownership: one refill goroutine creates entries and discards dead ones;
-// take may be called from any goroutine. An entry taken belongs to the
-// caller, which dispatches it or discards it.
+// Keeping ahead of demand: up to refillParallel entries are created at
+// once (each waits for its own systemd job, so several jobs are in flight
+// together); a take that leaves the pool at or below its low water (half
+// its target) refills at once, one above it a moment later (refillDelay,
+// so the refill does not compete with the command just handed over); and
+// the target grows by one for every take that found the pool empty, up to
+// poolGrowth times the configured size, and shrinks back by one per
+// poolShrinkAfter without a miss, discarding an idle entry beyond it.
+//
+// Ownership: the run goroutine decides what to create and discards dead or
+// surplus entries; create goroutines (at most refillParallel) each make one
+// entry and hand it to the pool under mu; take may be called from any
+// goroutine. An entry taken belongs to the caller, which dispatches it or
+// discards it.
 type pool struct {
 	r    *Reactor
-	size int
+	size int // configured (--pool-size): the least target
+	max  int // bound of the target
 
-	mu   sync.Mutex
-	idle []*pooled
+	mu       sync.Mutex
+	idle     []*pooled
+	target   int       // entries to keep idle now: size..max
+	inflight int       // create goroutines running
+	failures int       // creates failed in a row
+	retryAt  time.Time // no create before this after a failure
+	lastMiss time.Time
+	stopping bool
 
 	hits, misses atomic.Int64
 	wake         chan struct{}
 	stop         chan struct{}
 	done         chan struct{}
+	creates      sync.WaitGroup
 }
 
 // pooled is one waiting shim in its scope.
@@ -51,15 +70,37 @@ type pooled struct {
 	dispatched time.Time
 }
 
+const (
+	// refillDelay is how long the pool waits after a take that left it
+	// above its low water before it starts a replacement (see pool).
+	refillDelay = 25 * time.Millisecond
+	// refillParallel bounds the entries created at once.
+	refillParallel = 2
+	// poolGrowth bounds the target: poolGrowth times --pool-size.
+	poolGrowth = 2
+	// poolShrinkAfter is how long without a miss before the target
+	// shrinks by one.
+	poolShrinkAfter = 10 * time.Second
+)
+
 func newPool(r *Reactor, size int) *pool {
-	p := &pool{r: r, size: size, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	p := &pool{r: r, size: size, max: poolGrowth * size, target: size,
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	return p
 }
 
+// poke wakes the run goroutine.
+func (p *pool) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
 // take returns a waiting entry, or nil when the pool is empty (the caller
-// then creates a scope inline). Either way the pool refills in the
-// background.
+// then creates a scope inline, and the pool's target grows). Either way the
+// pool refills in the background.
 func (p *pool) take() *pooled {
 	if p == nil {
 		return nil
@@ -69,6 +110,9 @@ func (p *pool) take() *pooled {
 	if n := len(p.idle); n > 0 {
 		e = p.idle[n-1]
 		p.idle = p.idle[:n-1]
+	} else {
+		p.target = min(p.target+1, p.max)
+		p.lastMiss = time.Now()
 	}
 	p.mu.Unlock()
 	if e == nil {
@@ -76,10 +120,7 @@ func (p *pool) take() *pooled {
 	} else {
 		p.hits.Add(1)
 	}
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
+	p.poke()
 	return e
 }
 
@@ -92,60 +133,121 @@ func (p *pool) idleCount() int {
 	return len(p.idle)
 }
 
+// targetSize is the pool's current target (daemon.info's size).
+func (p *pool) targetSize() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.target
+}
+
 func (p *pool) run() {
 	defer close(p.done)
 	check := time.NewTicker(time.Second)
 	defer check.Stop()
-	failures := 0
+	var retry <-chan time.Time
 	for {
-		// Fill up, one entry at a time, so a stop is noticed quickly.
-		for p.idleCount() < p.size {
-			select {
-			case <-p.stop:
-				return
-			default:
-			}
-			e, err := p.create()
-			if err != nil {
-				failures++
-				p.r.log.Warn().Err(err).Int("failures", failures).Msg("pool: create entry")
-				// Back off; exec.start still works inline meanwhile.
-				select {
-				case <-p.stop:
-					return
-				case <-time.After(time.Duration(min(failures, 10)) * 500 * time.Millisecond):
-				}
-				continue
-			}
-			failures = 0
-			p.mu.Lock()
-			p.idle = append(p.idle, e)
-			p.mu.Unlock()
+		if wait := p.fill(); wait > 0 {
+			retry = time.After(wait)
 		}
 		select {
 		case <-p.stop:
+			p.mu.Lock()
+			p.stopping = true
+			p.mu.Unlock()
+			p.creates.Wait()
 			return
 		case <-p.wake:
 			// A take just handed a shim its command: creating the next
 			// one at once would compete with that command for the CPU on
 			// its critical path. Refill a moment later, unless the pool
-			// ran dry.
-			if p.idleCount() > 0 {
+			// is at or below its low water.
+			p.mu.Lock()
+			above := len(p.idle) > max(1, p.target/2)
+			p.mu.Unlock()
+			if above {
 				select {
 				case <-p.stop:
+					p.mu.Lock()
+					p.stopping = true
+					p.mu.Unlock()
+					p.creates.Wait()
 					return
 				case <-time.After(refillDelay):
 				}
 			}
+		case <-retry:
+			retry = nil
 		case <-check.C:
 			p.replaceDead()
+			p.shrink()
 		}
 	}
 }
 
-// refillDelay is how long the pool waits after a take before it starts a
-// replacement shim (see run).
-const refillDelay = 25 * time.Millisecond
+// fill starts create goroutines while the idle and in-flight entries are
+// below the target, at most refillParallel at once. After a failure it
+// starts none until the back-off ends, and returns how long that is.
+func (p *pool) fill() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if wait := time.Until(p.retryAt); wait > 0 {
+		return wait
+	}
+	for !p.stopping && len(p.idle)+p.inflight < p.target && p.inflight < refillParallel {
+		p.inflight++
+		p.creates.Add(1)
+		go p.createOne()
+	}
+	return 0
+}
+
+// createOne creates one entry and gives it to the pool (or discards it
+// when the pool is stopping or no longer wants it).
+func (p *pool) createOne() {
+	defer p.creates.Done()
+	e, err := p.create()
+	p.mu.Lock()
+	p.inflight--
+	if err != nil {
+		p.failures++
+		// Back off; exec.start still works inline meanwhile.
+		p.retryAt = time.Now().Add(time.Duration(min(p.failures, 10)) * 500 * time.Millisecond)
+		n := p.failures
+		p.mu.Unlock()
+		p.r.log.Warn().Err(err).Int("failures", n).Msg("pool: create entry")
+		p.poke()
+		return
+	}
+	p.failures = 0
+	keep := !p.stopping && len(p.idle) < p.target
+	if keep {
+		p.idle = append(p.idle, e)
+	}
+	p.mu.Unlock()
+	if !keep {
+		p.discard(e)
+	}
+	p.poke()
+}
+
+// shrink lowers the target by one once poolShrinkAfter passed without a
+// miss, and discards one idle entry beyond the target.
+func (p *pool) shrink() {
+	p.mu.Lock()
+	if p.target > p.size && time.Since(p.lastMiss) >= poolShrinkAfter {
+		p.target--
+		p.lastMiss = time.Now() // one step per poolShrinkAfter
+	}
+	var extra *pooled
+	if n := len(p.idle); n > p.target {
+		extra = p.idle[0] // the oldest
+		p.idle = p.idle[1:]
+	}
+	p.mu.Unlock()
+	if extra != nil {
+		p.discard(extra)
+	}
+}
 
 // create starts a pooled shim in a new scope.
 func (p *pool) create() (*pooled, error) {

@@ -853,6 +853,60 @@ func TestWarmPool(t *testing.T) {
 	}
 }
 
+// A take that finds the pool empty grows its target (daemon.info's size)
+// by one, up to poolGrowth times --pool-size, and the pool fills up to it
+// with several entries created at once; without misses for poolShrinkAfter
+// the target shrinks back by one per step and a surplus idle entry goes.
+func TestWarmPoolGrowsOnMissesAndShrinks(t *testing.T) {
+	tr := newTestReactor(t, func(c *Config) { c.PoolSize = 1 })
+	p := tr.pool
+	waitIdle := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for p.idleCount() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("pool has %d idle shims, want %d (target %d)", p.idleCount(), want, p.targetSize())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitIdle(1)
+	// Drain it, then miss until the target reaches its bound (1 -> poolGrowth).
+	var taken []*pooled
+	for p.idleCount() > 0 {
+		if e := p.take(); e != nil {
+			taken = append(taken, e)
+		}
+	}
+	for i := 0; p.targetSize() < poolGrowth && i < 1000; i++ {
+		if e := p.take(); e != nil {
+			taken = append(taken, e) // refilled meanwhile: not a miss
+		}
+	}
+	for _, e := range taken {
+		p.discard(e)
+	}
+	if got := p.targetSize(); got != poolGrowth*1 {
+		t.Fatalf("target after misses = %d, want the bound %d", got, poolGrowth)
+	}
+	waitIdle(poolGrowth)
+	info, _ := tr.Info(context.Background())
+	if info.Pool == nil || info.Pool.Size != poolGrowth || info.Pool.Misses < int64(poolGrowth-1) {
+		t.Errorf("daemon.info pool = %+v, want size %d and the misses counted", info.Pool, poolGrowth)
+	}
+	// No miss for poolShrinkAfter: one step down, one idle entry discarded.
+	p.mu.Lock()
+	p.lastMiss = time.Now().Add(-poolShrinkAfter)
+	p.mu.Unlock()
+	p.shrink()
+	if got := p.targetSize(); got != poolGrowth-1 {
+		t.Errorf("target after a quiet period = %d, want %d", got, poolGrowth-1)
+	}
+	if got := p.idleCount(); got != poolGrowth-1 {
+		t.Errorf("idle after shrinking = %d, want %d", got, poolGrowth-1)
+	}
+}
+
 func TestWarmPoolNetworkNoneAndUser(t *testing.T) {
 	state := t.TempDir()
 	os.Chmod(state, 0o700)

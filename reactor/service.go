@@ -450,7 +450,7 @@ func (r *Reactor) Info(ctx context.Context) (api.Info, error) {
 	info.Total = r.total.Load()
 	info.Store = store.Status(r.store)
 	if r.pool != nil {
-		pi := &api.PoolInfo{Size: r.pool.size, Idle: r.pool.idleCount(), Hits: r.pool.hits.Load(), Misses: r.pool.misses.Load()}
+		pi := &api.PoolInfo{Size: r.pool.targetSize(), Idle: r.pool.idleCount(), Hits: r.pool.hits.Load(), Misses: r.pool.misses.Load()}
 		if n := pi.Hits + pi.Misses; n > 0 {
 			pi.HitRate = float64(pi.Hits) / float64(n)
 		}
