@@ -1,0 +1,269 @@
+package survival
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/harness"
+)
+
+// TestReloadThenCrash: a crash of the image a reload handed over to must
+// not lose what the fd store keeps (the drill's sd-reload phase: the
+// watchdog aborted the new image and the restarted corrald adopted
+// nothing, "its fds were not in the fd store"). Executions started before
+// the reload (handed over) and after it (parked by the new image) run on
+// gates (files) the test opens, so each one's outcome is known whatever
+// the load; the fd store must hold exactly their fds before the crash and
+// after the restart, every one must be adopted once with its real exit
+// code, some of them exiting while corrald is down, and the store must be
+// empty at the end. The crash is a kill -9 of the new image, or a
+// watchdog abort (WatchdogSec=4s, corrald SIGSTOPped: systemd sends
+// SIGABRT and SIGCONT).
+func TestReloadThenCrash(t *testing.T) {
+	for _, crash := range []string{"kill-9", "watchdog"} {
+		t.Run(crash, func(t *testing.T) { reloadThenCrash(t, crash, 3, 3) })
+	}
+}
+
+// TestReloadUnderLoadThenCrash: as TestReloadThenCrash, with 32 clients
+// starting executions at once while the reload runs (some get -32005 and
+// retry: every one of them ends up started, before or after the
+// handover).
+func TestReloadUnderLoadThenCrash(t *testing.T) {
+	for _, crash := range []string{"kill-9", "watchdog"} {
+		t.Run(crash, func(t *testing.T) { reloadThenCrash(t, crash, 8, 32) })
+	}
+}
+
+// gated is an execution of reloadThenCrash: it exits with code once gate
+// exists.
+type gated struct {
+	id, gate string
+	code     int
+	fds      int // what it parks: pidfd, stdout, stderr (and stdin)
+	pid      int
+	unit     string
+}
+
+func reloadThenCrash(t *testing.T, crash string, before, during int) {
+	setup(t)
+	if crash == "watchdog" {
+		conf := filepath.Join(os.Getenv(harness.EnvUnitDir), "corrald.service.d", "watchdog.conf")
+		if err := os.WriteFile(conf, []byte("[Service]\nWatchdogSec=4s\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			os.Remove(conf)
+			harness.Sh(t, "systemctl", "daemon-reload")
+			harness.Sh(t, "systemctl", "restart", "corrald.service")
+			dial(t)
+		})
+		harness.Sh(t, "systemctl", "daemon-reload")
+		harness.Sh(t, "systemctl", "restart", "corrald.service")
+	}
+	c := dial(t)
+	first, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := prop(t, "NFileDescriptorStore"); n != "0" {
+		t.Fatalf("fd store holds %s fds before the test started anything", n)
+	}
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var all []*gated
+	seq := 0
+	start := func(c *ipc.Client, stdin bool) error {
+		mu.Lock()
+		seq++
+		g := &gated{id: fmt.Sprintf("rc-%s-%d-%d", crash, seq, time.Now().UnixNano()), code: 10 + seq%50, fds: 3}
+		mu.Unlock()
+		g.gate = filepath.Join(dir, g.id)
+		p := api.StartParams{ID: g.id, Cwd: "/", TimeoutMS: 180000,
+			Argv: []string{"sh", "-c", fmt.Sprintf("while [ ! -e %s ]; do sleep 0.05; done; exit %d", g.gate, g.code)}}
+		if stdin {
+			p.StdinOpen, g.fds = true, 4
+		}
+		rec, err := c.Start(ctx(t), p)
+		if err != nil {
+			return err
+		}
+		if rec.State != api.StateRunning {
+			return fmt.Errorf("exec.start %s: state %v", g.id, rec.State)
+		}
+		g.pid, g.unit = rec.PID, rec.Scope
+		mu.Lock()
+		all = append(all, g)
+		mu.Unlock()
+		return nil
+	}
+	t.Cleanup(func() {
+		for _, g := range all {
+			os.WriteFile(g.gate, nil, 0o644)
+		}
+	})
+	// want is how many fds the store must hold for what runs.
+	want := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, g := range all {
+			n += g.fds
+		}
+		return n
+	}
+	storeIs := func(when string, n int) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			got := prop(t, "NFileDescriptorStore")
+			if got == strconv.Itoa(n) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: fd store holds %s fds, want %d (the %d executions' pidfds and pipe ends)\n%s", when, got, n, len(all), journalTail())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for i := 0; i < before; i++ {
+		if err := start(c, i == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	storeIs("before the reload", want())
+
+	// The reload, with clients starting executions meanwhile: those the
+	// handover refuses (-32005) retry, on a new connection if theirs went.
+	var wg sync.WaitGroup
+	errs := make(chan error, during)
+	startRetrying := func(stdin bool) {
+		defer wg.Done()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			cc, err := ipc.Dial(socket)
+			if err == nil {
+				err = start(cc, stdin)
+				cc.Close()
+				if err == nil {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				errs <- err
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	harness.Sh(t, "systemctl", "reload", "--no-block", "corrald.service")
+	for i := 0; i < during; i++ {
+		wg.Add(1)
+		go startRetrying(i%4 == 0)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var second api.Info
+	for {
+		c = dial(t)
+		second, err = c.Info(ctx(t))
+		if err == nil && second.StartedAt.After(first.StartedAt) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new image after the reload: %v\n%s", err, journalTail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if second.PID != first.PID {
+		t.Fatalf("the reload did not hand over in place: pid %d, was %d", second.PID, first.PID)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("exec.start during the reload: %v", err)
+	}
+	// And some after it, parked by the new image alone.
+	for i := 0; i < 3; i++ {
+		if err := start(c, i == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := want()
+	storeIs("after the reload, before the crash", n)
+	if second.Adopted < before {
+		t.Errorf("the new image adopted %d at the handover, want at least the %d started before it", second.Adopted, before)
+	}
+	restarts, _ := strconv.Atoi(prop(t, "NRestarts"))
+
+	// The crash of the new image. Half the executions are let go while
+	// corrald is down (the watchdog: before systemd even aborts it).
+	old := mainPID(t)
+	letGo := func(odd int) {
+		for i, g := range all {
+			if i%2 == odd {
+				os.WriteFile(g.gate, nil, 0o644)
+			}
+		}
+	}
+	switch crash {
+	case "kill-9":
+		harness.Sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
+		letGo(0)
+	case "watchdog":
+		harness.Sh(t, "kill", "-STOP", strconv.Itoa(old))
+		letGo(0)
+	}
+	c = waitNewMain(t, old)
+	third, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := strconv.Atoi(prop(t, "NRestarts")); got != restarts+1 {
+		t.Errorf("NRestarts %d after the crash, want %d", got, restarts+1)
+	}
+	if crash == "watchdog" {
+		out, _ := exec.Command("journalctl", "-u", "corrald", "--since", first.StartedAt.Format("2006-01-02 15:04:05"), "-o", "cat", "--no-pager").Output()
+		// The private systemd logs to its console, not the journal: the
+		// Go runtime's dump on SIGABRT (which only the watchdog sends)
+		// says what ended it.
+		if !strings.Contains(string(out), "SIGABRT: abort") {
+			t.Errorf("no \"SIGABRT: abort\" in corrald's journal: the crash was not the watchdog's\n%s", testTail(string(out), 3000))
+		}
+	}
+	if third.Adopted != len(all) {
+		t.Errorf("the restarted corrald adopted %d, want all %d (%d started before the reload)", third.Adopted, len(all), before)
+	}
+	// The stdin kept open of one still running works after the restart.
+	for i, g := range all {
+		if g.fds == 4 && i%2 == 1 {
+			if _, err := c.Write(ctx(t), api.WriteParams{ID: g.id, Data: []byte("x"), Close: true}); err != nil {
+				t.Errorf("%s: write to the stdin kept open, adopted: %v", g.id, err)
+			}
+		}
+	}
+	letGo(1)
+	for _, g := range all {
+		rec, err := c.Wait(ctx(t), api.WaitParams{ID: g.id})
+		if err != nil || rec.State != api.StateCleaned {
+			t.Fatalf("exec.wait %s: %v (state %v)\n%s", g.id, err, rec.State, journalTail())
+		}
+		if outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != g.code || rec.Adopted < 1 {
+			t.Errorf("%s: outcome %s exit %v adopted %d error %q; want exited %d, adopted", g.id, outcome(rec), rec.ExitCode, rec.Adopted, strOr(rec.Error), g.code)
+		}
+	}
+	l := &load{pids: map[string]int{}, units: map[string]string{}}
+	for _, g := range all {
+		l.pids[g.id], l.units[g.id] = g.pid, g.unit
+	}
+	l.checkGone(t)
+	t.Logf("%d executions (%d before the reload, %d during, 3 after), %d fds in the store at the crash", len(all), before, during, n)
+}
