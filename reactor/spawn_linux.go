@@ -46,6 +46,14 @@ type spawned struct {
 // anything that starts a process (the fork, or a pooled shim). If the
 // store failed, spawn undoes what it made and returns the store's error:
 // nothing was started. A failed start is not an error (spawned.startErr).
+//
+// The steps, in order: planLaunch (workspace, cwd and argv[0], identity),
+// openStdio (pipes or a terminal), the wait for created, startPooled (a
+// warm shim takes the command) or else startInline (build the command,
+// wrap it in the shim, startPlaced, wait for the exec). Each step leaves
+// in sp what the loop takes over: the parent fds, the workspace, the
+// process and its scope; after a failed start only the workspace, which
+// the caller removes with the execution.
 func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawned, storeErr error) {
 	durable := false
 	defer func() {
@@ -54,119 +62,128 @@ func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawn
 			// must still be durable before the failed start is told, as
 			// before any child.
 			if err := <-created; err != nil {
-				sp.closeFds()
-				if sp.work != "" {
-					_ = removeWorkspace(sp.work)
-				}
+				sp.discard()
 				sp, storeErr = nil, err
 			}
 		}
 	}()
 	sp = &spawned{pidfd: -1, stdout: -1, stderr: -1, stdin: -1, tty: -1}
-	p := e.params
-	fail := func(err error) *spawned {
-		sp.startErr = err
-		var errno syscall.Errno
-		var xerr *shim.ExecError
-		switch {
-		case errors.As(err, &xerr):
-			sp.errno = xerr.Errno
-		case errors.As(err, &errno):
-			sp.errno = unix.ErrnoName(errno)
-		}
-		return sp
+
+	lp, err := r.planLaunch(e, ra, sp)
+	if err != nil {
+		return sp.fail(err), nil
+	}
+	stdio, err := sp.openStdio(e.params, ra)
+	if err != nil {
+		return sp.fail(err), nil
+	}
+	// Whatever follows, the child's ends go once the child (or a pooled
+	// shim) has its copies, or once nothing will start.
+	defer stdio.close()
+
+	// From here on processes start: the created record must be durable.
+	durable = true
+	if err := <-created; err != nil {
+		stdio.close()
+		sp.discard()
+		return nil, err
 	}
 
+	if r.startPooled(e, lp, stdio, sp) {
+		return sp, nil
+	}
+	r.startInline(e, lp, stdio, sp)
+	return sp, nil
+}
+
+// fail records err as sp's failed start (with its errno name, when the
+// error carries one) and returns sp. It closes nothing: the caller of the
+// step that failed has already let go of what the step opened.
+func (sp *spawned) fail(err error) *spawned {
+	sp.startErr = err
+	var errno syscall.Errno
+	var xerr *shim.ExecError
+	switch {
+	case errors.As(err, &xerr):
+		sp.errno = xerr.Errno
+	case errors.As(err, &errno):
+		sp.errno = unix.ErrnoName(errno)
+	}
+	return sp
+}
+
+// discard undoes what spawn made before anything started, for a created
+// record the store could not commit: the parent ends of the pipes and the
+// workspace.
+func (sp *spawned) discard() {
+	sp.closeFds()
+	if sp.work != "" {
+		_ = removeWorkspace(sp.work)
+	}
+}
+
+// launchPlan is what a request resolves to before anything is opened or
+// started: where and as whom the command runs, and how it is started.
+type launchPlan struct {
+	dir    string   // the working directory: the request's, a workspace, or /
+	path   string   // argv[0] resolved (root runs), or argv[0] as given (the shim resolves it)
+	env    []string // the child's environment
+	asUser bool     // a non-root user: the shim checks cwd and argv[0] as that user
+	cred   *syscall.Credential
+	limits scope.Limits
+	// hold: the backend places after start, so the shim holds the child
+	// until its scope does. needShim: the command cannot be exec'd
+	// straight from os/exec (held, network none, or another user).
+	hold, needShim bool
+}
+
+// planLaunch makes e's workspace (into sp.work, when the request names no
+// cwd) and resolves the rest of the plan. An error is a failed start; the
+// workspace, if made, stays in sp.work for the caller to remove with the
+// rest of the execution.
+func (r *Reactor) planLaunch(e *execution, ra runAs, sp *spawned) (launchPlan, error) {
+	p := e.params
+	lp := launchPlan{dir: p.Cwd, path: p.Argv[0]}
 	// Working directory: the request's, or a fresh workspace.
-	dir := p.Cwd
-	if dir == "" && r.cfg.StateDir != "" {
+	if lp.dir == "" && r.cfg.StateDir != "" {
 		w, err := makeWorkspace(r.cfg.StateDir, e.id, ra)
 		if err != nil {
-			return fail(fmt.Errorf("create workspace: %w", err)), nil
+			return lp, fmt.Errorf("create workspace: %w", err)
 		}
-		sp.work, dir = w, w
+		sp.work, lp.dir = w, w
 	}
-	if dir == "" {
-		dir = "/"
+	if lp.dir == "" {
+		lp.dir = "/"
 	}
-	env := childEnv(p.Env, ra)
+	lp.env = childEnv(p.Env, ra)
 	// A root run checks cwd and argv[0] here, for clear errors. Anyone
 	// else's are checked by the shim after it became the user: checking as
 	// root would let a caller learn whether a path exists in a directory
 	// it cannot search (ENOENT against EACCES).
-	asUser := ra.uid != 0
-	path := p.Argv[0]
-	if !asUser {
-		if fi, err := os.Stat(dir); err != nil {
+	lp.asUser = ra.uid != 0
+	if !lp.asUser {
+		if fi, err := os.Stat(lp.dir); err != nil {
 			// The message names dir once: keep only the PathError's reason.
 			var pe *os.PathError
 			if errors.As(err, &pe) {
 				err = pe.Err
 			}
-			return fail(fmt.Errorf("cwd %s: %w", dir, err)), nil
+			return lp, fmt.Errorf("cwd %s: %w", lp.dir, err)
 		} else if !fi.IsDir() {
-			return fail(fmt.Errorf("cwd %s: %w", dir, syscall.ENOTDIR)), nil
+			return lp, fmt.Errorf("cwd %s: %w", lp.dir, syscall.ENOTDIR)
 		}
 		var err error
-		if path, err = lookPath(p.Argv[0], dir, envValue(env, "PATH")); err != nil {
-			return fail(err), nil
+		if lp.path, err = lookPath(p.Argv[0], lp.dir, envValue(lp.env, "PATH")); err != nil {
+			return lp, err
 		}
 	}
 
-	// Pipes: the child's ends are blocking; ours are non-blocking and go
-	// into the epoll set. All are CLOEXEC so no other child inherits them.
-	var child []*os.File
-	closeChild := func() {
-		for _, f := range child {
-			f.Close()
-		}
-	}
-	var stdin, outW, errW *os.File
-	if p.TTY {
-		// A terminal instead: its slave is the child's stdin, stdout and
-		// stderr (and, below, its controlling terminal).
-		master, slave, err := openPty(*p.TTYSize, ra.uid, ra.gid)
-		if err != nil {
-			return fail(fmt.Errorf("open terminal: %w", err)), nil
-		}
-		sp.tty = master
-		child = append(child, slave)
-		stdin, outW, errW = slave, slave, slave
-	} else {
-		outR, w, err := outputPipe()
-		if err != nil {
-			return fail(err), nil
-		}
-		errR, w2, err := outputPipe()
-		if err != nil {
-			unix.Close(outR)
-			w.Close()
-			return fail(err), nil
-		}
-		outW, errW = w, w2
-		child = append(child, outW, errW)
-		sp.stdout, sp.stderr = outR, errR
-	}
-	if !p.TTY && (p.StdinOpen || len(p.Stdin) > 0) {
-		var fds [2]int
-		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
-			closeChild()
-			sp.closeFds()
-			return fail(os.NewSyscallError("pipe2", err)), nil
-		}
-		_ = unix.SetNonblock(fds[1], true)
-		stdin = os.NewFile(uintptr(fds[0]), "stdin")
-		child = append(child, stdin)
-		sp.stdin = fds[1]
-	}
-
-	var cred *syscall.Credential
 	if os.Geteuid() == 0 || ra.uid != uint32(os.Geteuid()) || ra.gid != uint32(os.Getegid()) {
 		// As root, always set the identity: it also replaces the daemon's
 		// own supplementary groups with the user's.
-		cred = &syscall.Credential{Uid: ra.uid, Gid: ra.gid, Groups: r.withoutSocketGroup(ra.groups)}
+		lp.cred = &syscall.Credential{Uid: ra.uid, Gid: ra.gid, Groups: r.withoutSocketGroup(ra.groups)}
 	}
-	limits := scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS}
+	lp.limits = scope.Limits{MemoryBytes: p.MemoryBytes, TasksMax: p.TasksMax, CPUMS: p.CPUMS}
 
 	// Under a backend that places at clone or by process group, a root
 	// caller's command on the host network is exec'd straight from os/exec
@@ -174,59 +191,111 @@ func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawn
 	// command goes through the shim (package shim), to be held until its
 	// scope holds it (scope.PlaceHeld), to enter a new network namespace,
 	// or to drop to the caller's user.
-	hold := r.cfg.Backend.Placement() == scope.PlaceHeld
-	needShim := hold || p.Network == "none" || asUser
+	lp.hold = r.cfg.Backend.Placement() == scope.PlaceHeld
+	lp.needShim = lp.hold || p.Network == "none" || lp.asUser
+	return lp, nil
+}
 
-	// From here on processes start: the created record must be durable.
-	durable = true
-	if err := <-created; err != nil {
-		closeChild()
-		sp.closeFds()
-		if sp.work != "" {
-			_ = removeWorkspace(sp.work)
+// childStdio holds the child's ends of its stdio. spawn owns them and
+// closes them (close) once the child or a pooled shim has its copies, or
+// once nothing will start.
+type childStdio struct {
+	stdin  *os.File // nil: the child's stdin is /dev/null
+	stdout *os.File
+	stderr *os.File
+	files  []*os.File // each file above once (a terminal's slave is all three)
+}
+
+// close closes the child's ends; a second call does nothing.
+func (c *childStdio) close() {
+	for _, f := range c.files {
+		f.Close()
+	}
+	c.files = nil
+}
+
+// openStdio opens the child's stdio: output pipes (or, for tty, a
+// terminal) and, when the request writes to it, a stdin pipe. The parent
+// ends go into sp (sp.stdout, sp.stderr, sp.stdin, sp.tty) for the loop;
+// the child's ends are returned. The child's ends are blocking; ours are
+// non-blocking and go into the epoll set. All are CLOEXEC so no other
+// child inherits them. On an error nothing it opened is left open.
+func (sp *spawned) openStdio(p api.StartParams, ra runAs) (*childStdio, error) {
+	c := &childStdio{}
+	if p.TTY {
+		// A terminal instead: its slave is the child's stdin, stdout and
+		// stderr (and, below, its controlling terminal).
+		master, slave, err := openPty(*p.TTYSize, ra.uid, ra.gid)
+		if err != nil {
+			return nil, fmt.Errorf("open terminal: %w", err)
 		}
+		sp.tty = master
+		c.files = append(c.files, slave)
+		c.stdin, c.stdout, c.stderr = slave, slave, slave
+		return c, nil
+	}
+	outR, outW, err := outputPipe()
+	if err != nil {
 		return nil, err
 	}
-
-	// The warm pool: a shim already in its own scope takes the command.
-	if pe := r.pooled(needShim); pe != nil {
-		cfg := shimConfig(p, env, dir, sp.work != "", cred)
-		cfg.NewNetNS = p.Network == "none"
-		cfg.Ctty = p.TTY
-		if xerr, ok := r.dispatchPooled(pe, cfg, limits, stdin, outW, errW); ok {
-			closeChild()
-			sp.proc, sp.sc, sp.pidfd, sp.launched = pe.cmd.Process, pe.sc, pe.pidfd, pe.dispatched
-			if xerr != nil {
-				return fail(r.undoStart(e, sp, xerr)), nil // the shim exits right after its report
-			}
-			return sp, nil
+	errR, errW, err := outputPipe()
+	if err != nil {
+		unix.Close(outR)
+		outW.Close()
+		return nil, err
+	}
+	c.stdout, c.stderr = outW, errW
+	c.files = append(c.files, outW, errW)
+	sp.stdout, sp.stderr = outR, errR
+	if p.StdinOpen || len(p.Stdin) > 0 {
+		var fds [2]int
+		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+			c.close()
+			sp.closeFds()
+			return nil, os.NewSyscallError("pipe2", err)
 		}
+		_ = unix.SetNonblock(fds[1], true)
+		c.stdin = os.NewFile(uintptr(fds[0]), "stdin")
+		c.files = append(c.files, c.stdin)
+		sp.stdin = fds[1]
 	}
+	return c, nil
+}
 
-	cmd := &exec.Cmd{
-		Path:   path,
-		Args:   p.Argv,
-		Env:    env,
-		Dir:    dir,
-		Stdin:  stdin,
-		Stdout: outW,
-		Stderr: errW,
-		SysProcAttr: &syscall.SysProcAttr{
-			Setsid: true,
-		},
+// startPooled offers the command to the warm pool: a shim already in its
+// own scope takes it. It reports whether the pool took it; then sp holds
+// the pooled process and scope (and, if its exec failed, the failed start,
+// already undone), and the child's ends have been closed. If not, nothing
+// changed and the caller starts inline.
+func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp *spawned) bool {
+	pe := r.pooled(lp.needShim)
+	if pe == nil {
+		return false
 	}
-	if stdin == nil {
-		cmd.Stdin = nil // /dev/null
+	p := e.params
+	cfg := shimConfig(p, lp.env, lp.dir, sp.work != "", lp.cred)
+	cfg.NewNetNS = p.Network == "none"
+	cfg.Ctty = p.TTY
+	xerr, ok := r.dispatchPooled(pe, cfg, lp.limits, stdio.stdin, stdio.stdout, stdio.stderr)
+	if !ok {
+		return false
 	}
-	if p.TTY && !needShim {
-		// setsid, then the terminal (the child's fd 0) becomes its
-		// controlling terminal.
-		cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0
+	stdio.close()
+	sp.proc, sp.sc, sp.pidfd, sp.launched = pe.cmd.Process, pe.sc, pe.pidfd, pe.dispatched
+	if xerr != nil {
+		sp.fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
 	}
-	cmd.SysProcAttr.Credential = cred
-	if p.Network == "none" {
-		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
-	}
+	return true
+}
+
+// startInline starts the command in a scope of its own: it builds the
+// command, wraps it in the shim when the plan needs one, starts and places
+// it (startPlaced) and waits for the shim's exec. The outcome is in sp: the
+// process and scope, or a failed start with nothing of the child left (its
+// parent fds closed too). The child's ends are closed once it started.
+func (r *Reactor) startInline(e *execution, lp launchPlan, stdio *childStdio, sp *spawned) {
+	p := e.params
+	cmd := lp.command(p, stdio)
 	// The shim (corral-shim, or corrald re-executed) as the child: to hold
 	// it until a backend that places after start (systemd) holds it, and
 	// to do what SysProcAttr cannot (bring up lo in a new network
@@ -235,43 +304,35 @@ func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawn
 	// dropping privileges, which os/exec cannot (it changes the
 	// credentials first, then the directory), and checks cwd and argv[0]
 	// as the user.
-	var (
-		sh  *shim.Handle
-		err error
-	)
-	if needShim {
-		cfg := shimConfig(p, env, dir, sp.work != "", cred)
-		cfg.Hold = hold
+	var sh *shim.Handle
+	if lp.needShim {
+		cfg := shimConfig(p, lp.env, lp.dir, sp.work != "", lp.cred)
+		cfg.Hold = lp.hold
 		cfg.Ctty = p.TTY
 		cmd.SysProcAttr.Credential = nil // the shim drops privileges itself, last
+		var err error
 		if sh, err = shim.Wrap(cmd, cfg); err != nil {
-			closeChild()
+			stdio.close()
 			sp.closeFds()
-			return fail(fmt.Errorf("wrap in shim: %w", err)), nil
+			sp.fail(fmt.Errorf("wrap in shim: %w", err))
+			return
 		}
 		defer sh.Close()
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pl, err := r.startPlaced(ctx, scope.Spec{ID: e.id, Argv: p.Argv, Cmd: cmd, Limits: limits}, sh)
-	closeChild()
+	pl, err := r.startPlaced(ctx, scope.Spec{ID: e.id, Argv: p.Argv, Cmd: cmd, Limits: lp.limits}, sh)
+	stdio.close()
 	if err != nil {
 		sp.closeFds()
-		return fail(err), nil
+		sp.fail(err)
+		return
 	}
 	sp.proc, sp.sc, sp.pidfd, sp.launched = pl.proc, pl.sc, pl.pidfd, pl.launched
 	if sh != nil {
-		// Wait for the shim's exec, so that a command that cannot run is
-		// a failed start, as without the shim.
-		xerr, werr := sh.WaitExec(30 * time.Second)
-		if werr != nil {
-			xerr = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("shim did not exec: %v", werr)}
-		}
-		if xerr != nil {
-			return fail(r.undoStart(e, sp, xerr)), nil // the shim exits right after its report
-		}
-		return sp, nil
+		r.waitShimExec(e, sh, sp)
+		return
 	}
 	if p.CPUMS > 0 {
 		// Backstop where no cgroup measures the tree: RLIMIT_CPU on the main
@@ -280,7 +341,49 @@ func (r *Reactor) spawn(e *execution, ra runAs, created <-chan error) (sp *spawn
 		lim := unix.Rlimit{Cur: secs, Max: secs + 1}
 		_ = unix.Prlimit(cmd.Process.Pid, unix.RLIMIT_CPU, &lim, nil)
 	}
-	return sp, nil
+}
+
+// command builds the os/exec command for the plan, its stdio the child's
+// ends in stdio, in a session of its own. It opens nothing.
+func (lp launchPlan) command(p api.StartParams, stdio *childStdio) *exec.Cmd {
+	cmd := &exec.Cmd{
+		Path:   lp.path,
+		Args:   p.Argv,
+		Env:    lp.env,
+		Dir:    lp.dir,
+		Stdout: stdio.stdout,
+		Stderr: stdio.stderr,
+		SysProcAttr: &syscall.SysProcAttr{
+			Setsid: true,
+		},
+	}
+	if stdio.stdin != nil {
+		cmd.Stdin = stdio.stdin // else nil: /dev/null
+	}
+	if p.TTY && !lp.needShim {
+		// setsid, then the terminal (the child's fd 0) becomes its
+		// controlling terminal.
+		cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0
+	}
+	cmd.SysProcAttr.Credential = lp.cred
+	if p.Network == "none" {
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
+	}
+	return cmd
+}
+
+// waitShimExec waits for the started shim's exec, so that a command that
+// cannot run is a failed start, as without the shim. On a failed exec it
+// undoes the start (process, pidfd, scope and parent fds in sp). The
+// caller still closes sh.
+func (r *Reactor) waitShimExec(e *execution, sh *shim.Handle, sp *spawned) {
+	xerr, werr := sh.WaitExec(30 * time.Second)
+	if werr != nil {
+		xerr = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("shim did not exec: %v", werr)}
+	}
+	if xerr != nil {
+		sp.fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
+	}
 }
 
 // closeFds closes the parent ends of the pipes.
