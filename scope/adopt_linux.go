@@ -68,7 +68,7 @@ func (b *systemdBackend) Adopt(ctx context.Context, name string, limits Limits) 
 	}
 	s := &systemdScope{
 		b: b, id: id, unit: name, limits: limits, state: unitRunning,
-		paths: b.hier.cgroupsOf("/" + b.opts.Slice + "/" + name),
+		paths: b.hier.cgroupsOf(slicePath(b.opts.Slice) + "/" + name),
 		last:  unknownStats(),
 	}
 	// Where Prepare places a unit: no D-Bus round trip per adopted

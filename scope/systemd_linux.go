@@ -142,7 +142,7 @@ func (b *systemdBackend) Prepare(_ context.Context, spec Spec) (Scope, error) {
 		limits: spec.Limits,
 		// Until Started learns the unit's ControlGroup, assume systemd's
 		// usual place for it.
-		paths: b.hier.cgroupsOf("/" + b.opts.Slice + "/" + unit),
+		paths: b.hier.cgroupsOf(slicePath(b.opts.Slice) + "/" + unit),
 		last:  unknownStats(),
 	}, nil
 }
@@ -197,4 +197,28 @@ func (b *systemdBackend) CleanLeftoversExcept(ctx context.Context, keep func(nam
 		names = append(names, u.Name)
 	}
 	return names, errors.Join(errs...)
+}
+
+// slicePath is where systemd places slice's cgroup: a dash in a slice name
+// nests it in the slice named by what precedes the dash
+// ("corral-pool4.slice" is /corral.slice/corral-pool4.slice), the root
+// slice "-.slice" is the root. A name systemd would not accept gives the
+// flat guess; Started asks systemd when a guessed path does not exist.
+func slicePath(slice string) string {
+	name := strings.TrimSuffix(slice, ".slice")
+	if name == "-" {
+		return ""
+	}
+	var path, prefix string
+	for i, part := range strings.Split(name, "-") {
+		if part == "" {
+			return "/" + slice
+		}
+		if i > 0 {
+			prefix += "-"
+		}
+		prefix += part
+		path += "/" + prefix + ".slice"
+	}
+	return path
 }

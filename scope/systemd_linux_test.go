@@ -264,3 +264,19 @@ func TestV1OOMDrain(t *testing.T) {
 		t.Error("OOM then removal signal: not counted as an OOM")
 	}
 }
+
+// A dash nests a slice in the one its prefix names, as systemd places it.
+func TestSlicePath(t *testing.T) {
+	for slice, want := range map[string]string{
+		"corral.slice":             "/corral.slice",
+		"corral-pool4.slice":       "/corral.slice/corral-pool4.slice",
+		"a-b-c.slice":              "/a.slice/a-b.slice/a-b-c.slice",
+		"-.slice":                  "",
+		"system-corral\\x2d.slice": "/system.slice/system-corral\\x2d.slice",
+		"bad--name.slice":          "/bad--name.slice",
+	} {
+		if got := slicePath(slice); got != want {
+			t.Errorf("slicePath(%q) = %q, want %q", slice, got, want)
+		}
+	}
+}

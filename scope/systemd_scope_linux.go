@@ -172,23 +172,32 @@ func (s *systemdScope) Started(ctx context.Context, pid int) error {
 		s.stopBestEffort()
 		return fail(err)
 	}
-	// The unit's real cgroup; the guess from Prepare stays if systemd
-	// cannot tell.
-	var cg string
-	err = s.b.bus.call(ctx, func(c *sddbus.Conn) error {
-		p, err := c.GetUnitTypePropertyContext(ctx, s.unit, "Scope", "ControlGroup")
-		if err != nil {
-			return err
-		}
-		cg, _ = p.Value.Value().(string)
-		return nil
-	})
+	// The unit's real cgroup. Where systemd placed it (slicePath) no D-Bus
+	// round trip is needed: a directory named after this unit is its
+	// cgroup. Otherwise systemd is asked; the guess from Prepare stays if
+	// it cannot tell.
 	s.mu.Lock()
-	if err == nil && cg != "" {
-		s.paths = s.b.hier.cgroupsOf(cg)
-	} else {
-		s.b.opts.Log.Warn().Err(err).Str("unit", s.unit).Msg("cannot read the scope's ControlGroup; using the default path")
+	guess := s.paths
+	s.mu.Unlock()
+	if d := firstNonEmpty(guess.Unified, guess.Systemd); d == "" || !cgroupv2.Dir(d).Exists() {
+		var cg string
+		err = s.b.bus.call(ctx, func(c *sddbus.Conn) error {
+			p, err := c.GetUnitTypePropertyContext(ctx, s.unit, "Scope", "ControlGroup")
+			if err != nil {
+				return err
+			}
+			cg, _ = p.Value.Value().(string)
+			return nil
+		})
+		s.mu.Lock()
+		if err == nil && cg != "" {
+			s.paths = s.b.hier.cgroupsOf(cg)
+		} else {
+			s.b.opts.Log.Warn().Err(err).Str("unit", s.unit).Msg("cannot read the scope's ControlGroup; using the default path")
+		}
+		s.mu.Unlock()
 	}
+	s.mu.Lock()
 	killed := s.killed
 	paths := s.paths
 	s.mu.Unlock()
