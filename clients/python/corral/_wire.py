@@ -1,5 +1,6 @@
-"""Wire types of corral's protocol (docs/protocol.md): errors, records and
-the params/results codec shared by the sync and asyncio clients.
+"""Wire types of corral's protocol (docs/protocol.md): errors, records,
+events, the request line and the error object, shared by the sync and
+asyncio clients (each method's params and result: _calls).
 
 Nothing here does I/O. Every result type keeps the keys it does not know
 in ``extra``, so a newer corrald's additions are never lost.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
@@ -53,6 +55,23 @@ class ConnectionClosed(ConnectionError):
 
 
 Data = Union[bytes, bytearray, memoryview, str]
+
+
+def encode_request(rid: int, method: str, params: Any) -> bytes:
+    """The request's line (newline-terminated JSON-RPC 2.0); CorralError
+    INVALID_REQUEST when it is over corrald's line limit."""
+    msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
+    if params is not None:
+        msg["params"] = params
+    line = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+    if len(line) > MAX_LINE_BYTES:
+        raise CorralError(INVALID_REQUEST, f"{method}: request is {len(line)} bytes, over corrald's {MAX_LINE_BYTES}-byte line limit")
+    return line
+
+
+def rpc_error(err: Dict[str, Any]) -> CorralError:
+    """The CorralError of a response's error object."""
+    return CorralError(int(err.get("code", INTERNAL_ERROR)), str(err.get("message", "")), err.get("data"))
 
 
 def encode_data(data: Data) -> str:
@@ -349,6 +368,14 @@ class FollowCursor:
 
     def advance(self, ev: OutputEvent) -> None:
         self.offsets[ev.stream] = ev.offset + len(ev.data)
+
+    def take(self, ev: OutputEvent) -> Optional[OutputEvent]:
+        """trim, then advance past what is left: the event to deliver, or
+        None when the cursor already had all of it."""
+        ev = self.trim(ev)
+        if ev is not None:
+            self.advance(ev)
+        return ev
 
     def params(self, id: str, heartbeat_ms: Optional[int]) -> Dict[str, Any]:
         return drop_none(id=id, stdout_offset=self.offsets["stdout"], stderr_offset=self.offsets["stderr"],

@@ -12,10 +12,10 @@ import asyncio
 import json
 from typing import Any, AsyncIterator, Dict, List, Optional
 
+from . import _calls
+from ._calls import RESUME_EVERY, Call, Collector, Resume
 from ._wire import (
-    MAX_LINE_BYTES,
     ConnectionClosed,
-    CorralError,
     Data,
     EndEvent,
     Event,
@@ -26,19 +26,13 @@ from ._wire import (
     Record,
     Result,
     default_socket,
-    drop_none,
-    encode_data,
+    encode_request,
     note_event,
-    start_params,
+    rpc_error,
 )
-from .client import RESUME_EVERY, RESUME_FOR
 
 # Responses can be large (exec.list); lines are bounded well above that.
 _READ_LIMIT = 64 << 20
-
-
-def _error(err: Dict[str, Any]) -> CorralError:
-    return CorralError(int(err.get("code", -32603)), str(err.get("message", "")), err.get("data"))
 
 
 class _AsyncConn:
@@ -92,7 +86,7 @@ class _AsyncConn:
         except asyncio.CancelledError:
             err = ConnectionClosed("connection closed")
         if last_word is not None:
-            err = _error(last_word)
+            err = rpc_error(last_word)
         self.closed = err
         for fut in self.pending.values():
             if not fut.done():
@@ -107,12 +101,7 @@ class _AsyncConn:
         if self.closed is not None:
             raise ConnectionClosed(f"{method}: {self.closed}")
         self.next_id += 1
-        msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
-        if params is not None:
-            msg["params"] = params
-        line = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
-        if len(line) > MAX_LINE_BYTES:
-            raise CorralError(-32600, f"{method}: request is {len(line)} bytes, over corrald's {MAX_LINE_BYTES}-byte line limit")
+        line = encode_request(self.next_id, method, params)
         fut = None
         if stream:
             self.streams.add(self.next_id)
@@ -130,7 +119,7 @@ class _AsyncConn:
             raise ConnectionClosed(f"{method}: send to corrald: {e}") from e
         msg = await fut
         if msg.get("error") is not None:
-            raise _error(msg["error"])
+            raise rpc_error(msg["error"])
         return msg.get("result")
 
     async def close(self) -> None:
@@ -187,47 +176,46 @@ class AsyncClient:
         conn = await self._dial()
         return await conn.call(method, params)
 
+    # The protocol's methods: _calls builds each one's params and parses
+    # its result, as for Client.
+
+    async def _do(self, c: Call) -> Any:
+        return c.parse(await self.call(c.method, c.params))
+
     async def start(self, argv, **kw) -> Record:
-        return Record.from_dict(await self.call("exec.start", start_params(argv, **kw)))
+        return await self._do(_calls.start(argv, **kw))
 
     async def get(self, id: str) -> Record:
-        return Record.from_dict(await self.call("exec.get", {"id": id}))
+        return await self._do(_calls.get(id))
 
     async def wait(self, id: str, timeout_ms: Optional[int] = None) -> Record:
-        return Record.from_dict(await self.call("exec.wait", drop_none(id=id, timeout_ms=timeout_ms)))
+        return await self._do(_calls.wait(id, timeout_ms))
 
     async def cancel(self, id: str, reason: Optional[str] = None) -> Record:
-        return Record.from_dict(await self.call("exec.cancel", drop_none(id=id, reason=reason)))
+        return await self._do(_calls.cancel(id, reason))
 
     async def signal(self, id: str, signal: str, target: Optional[str] = None) -> Record:
-        return Record.from_dict(await self.call("exec.signal", drop_none(id=id, signal=signal, target=target)))
+        return await self._do(_calls.signal(id, signal, target))
 
     async def write(self, id: str, data: Data = b"", close: bool = False) -> int:
-        p: Dict[str, Any] = {"id": id}
-        if data:
-            p["data"] = encode_data(data)
-        if close:
-            p["close"] = True
-        return int((await self.call("exec.write", p)).get("written", 0))
+        return await self._do(_calls.write(id, data, close))
 
     async def resize(self, id: str, rows: int, cols: int) -> Record:
-        return Record.from_dict(await self.call("exec.resize", {"id": id, "rows": rows, "cols": cols}))
+        return await self._do(_calls.resize(id, rows, cols))
 
     async def update(self, id: str, timeout_ms: int) -> Record:
-        return Record.from_dict(await self.call("exec.update", {"id": id, "timeout_ms": timeout_ms}))
+        return await self._do(_calls.update(id, timeout_ms))
 
     async def list(self, state: Optional[str] = None, labels: Optional[Dict[str, str]] = None,
                    limit: Optional[int] = None) -> List[Record]:
-        res = await self.call("exec.list", drop_none(state=state, labels=labels, limit=limit))
-        return [Record.from_dict(r) for r in res.get("executions") or []]
+        return await self._do(_calls.list(state, labels, limit))
 
     async def output(self, id: str, stream: str = "stdout", offset: int = 0, limit: Optional[int] = None,
                      wait_ms: Optional[int] = None) -> Output:
-        return Output.from_dict(await self.call("exec.output", drop_none(
-            id=id, stream=stream, offset=offset, limit=limit, wait_ms=wait_ms)))
+        return await self._do(_calls.output(id, stream, offset, limit, wait_ms))
 
     async def info(self) -> Info:
-        return Info.from_dict(await self.call("daemon.info"))
+        return await self._do(_calls.info())
 
     async def follow(self, id: str, stdout_offset: int = 0, stderr_offset: int = 0,
                      heartbeat_ms: Optional[int] = None, resume: bool = True) -> AsyncIterator[Event]:
@@ -235,16 +223,12 @@ class AsyncClient:
         from the last byte yielded when the connection drops."""
         loop = asyncio.get_running_loop()
         cursor = FollowCursor(stdout_offset, stderr_offset)
-        give_up = None
+        budget = Resume(self.socket, loop.time)
         while True:
             try:
                 conn = await _AsyncConn.open(self.socket)
             except OSError as e:
-                if not resume:
-                    raise ConnectionClosed(f"exec.follow: connect to corrald at {self.socket}: {e}") from e
-                give_up = give_up or loop.time() + RESUME_FOR
-                if loop.time() > give_up:
-                    raise ConnectionClosed(f"exec.follow: corrald unreachable for {RESUME_FOR}s: {e}") from e
+                budget.connect_failed(resume, e)
                 await asyncio.sleep(RESUME_EVERY)
                 continue
             try:
@@ -263,18 +247,12 @@ class AsyncClient:
                     if isinstance(ev, OutputEvent):
                         async for f in self._fill(id, cursor, ev.stream, ev.offset):
                             yield f
-                        ev = cursor.trim(ev)
+                        ev = cursor.take(ev)
                         if ev is None:
                             continue
-                        cursor.advance(ev)
-                    give_up = None
+                    budget.delivered()
                     yield ev
-                if res.get("error") is not None:
-                    err = _error(res["error"])
-                    if err.code == -32005 and resume:
-                        raise ConnectionClosed("corrald is shutting down")
-                    raise err
-                rec = Record.from_dict(res.get("result") or {})
+                rec = _calls.follow_end(res, resume)
                 for s, info in (("stdout", rec.stdout), ("stderr", rec.stderr)):
                     if info is not None:
                         async for f in self._fill(id, cursor, s, info.total_bytes):
@@ -284,31 +262,26 @@ class AsyncClient:
             except (ConnectionClosed, OSError) as e:
                 if not resume:
                     raise
-                give_up = give_up or loop.time() + RESUME_FOR
-                if loop.time() > give_up:
-                    raise ConnectionClosed(f"exec.follow: could not resume for {RESUME_FOR}s: {e}") from e
+                budget.dropped(e)
                 await asyncio.sleep(RESUME_EVERY)
             finally:
                 await conn.close()
 
     async def _fill(self, id: str, cursor: FollowCursor, stream: str, upto: int) -> AsyncIterator[OutputEvent]:
-        while cursor.offsets[stream] < upto:
-            out = await self.output(id, stream=stream, offset=cursor.offsets[stream], limit=upto - cursor.offsets[stream])
-            if not out.data:
+        while True:
+            c = _calls.fill(id, cursor, stream, upto)
+            if c is None:
                 return
-            ev = OutputEvent(id, stream, out.offset, out.data)
-            cursor.advance(ev)
+            ev = _calls.filled(id, cursor, stream, await self._do(c))
+            if ev is None:
+                return
             yield ev
 
     async def run(self, argv, **kw) -> Result:
-        rec = await self.start(argv, **kw)
-        out = {"stdout": bytearray(), "stderr": bytearray()}
-        async for ev in self.follow(rec.id):
-            if isinstance(ev, OutputEvent):
-                out[ev.stream] += ev.data
-            elif isinstance(ev, EndEvent):
-                rec = ev.record
-        return Result(rec, bytes(out["stdout"]), bytes(out["stderr"]))
+        col = Collector(await self.start(argv, **kw))
+        async for ev in self.follow(col.rec.id):
+            col.add(ev)
+        return col.result()
 
 
 async def run(argv, socket: Optional[str] = None, **kw) -> Result:

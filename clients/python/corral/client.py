@@ -9,10 +9,10 @@ import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
+from . import _calls
+from ._calls import RESUME_EVERY, RESUME_FOR, Call, Collector, Resume  # noqa: F401 (RESUME_*: re-exported)
 from ._wire import (
-    MAX_LINE_BYTES,
     ConnectionClosed,
-    CorralError,
     Data,
     EndEvent,
     Event,
@@ -23,16 +23,10 @@ from ._wire import (
     Record,
     Result,
     default_socket,
-    drop_none,
-    encode_data,
+    encode_request,
     note_event,
-    start_params,
+    rpc_error,
 )
-
-#: How long follow() keeps trying to reconnect after its connection drops
-#: (a corrald restart or handover takes a second or two).
-RESUME_FOR = 15.0
-RESUME_EVERY = 0.1
 
 
 class _Conn:
@@ -55,12 +49,7 @@ class _Conn:
 
     def send(self, method: str, params: Any) -> int:
         self.next_id += 1
-        msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
-        if params is not None:
-            msg["params"] = params
-        line = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
-        if len(line) > MAX_LINE_BYTES:
-            raise CorralError(-32600, f"{method}: request is {len(line)} bytes, over corrald's {MAX_LINE_BYTES}-byte line limit")
+        line = encode_request(self.next_id, method, params)
         try:
             self.sock.sendall(line)
         except OSError as e:
@@ -103,7 +92,7 @@ class _Conn:
 def _result(method: str, msg: Dict[str, Any]) -> Any:
     err = msg.get("error")
     if err is not None:
-        raise CorralError(int(err.get("code", -32603)), str(err.get("message", "")), err.get("data"))
+        raise rpc_error(err)
     return msg.get("result")
 
 
@@ -167,7 +156,11 @@ class Client:
                     raise
                 raise ConnectionClosed(f"{method}: {e}") from e
 
-    # The protocol's methods.
+    # The protocol's methods: _calls builds each one's params and parses
+    # its result.
+
+    def _do(self, c: Call) -> Any:
+        return c.parse(self.call(c.method, c.params))
 
     def start(self, argv, **kw) -> Record:
         """exec.start: runs argv; keyword arguments are the protocol's fields
@@ -177,55 +170,48 @@ class Client:
         trace context that makes the execution's trace a child of the
         caller's). A command that cannot be executed is a record with outcome
         "start_failed"."""
-        return Record.from_dict(self.call("exec.start", start_params(argv, **kw)))
+        return self._do(_calls.start(argv, **kw))
 
     def get(self, id: str) -> Record:
-        return Record.from_dict(self.call("exec.get", {"id": id}))
+        return self._do(_calls.get(id))
 
     def wait(self, id: str, timeout_ms: Optional[int] = None) -> Record:
         """exec.wait: the record once cleaned, or the current one when
         timeout_ms passes first."""
-        return Record.from_dict(self.call("exec.wait", drop_none(id=id, timeout_ms=timeout_ms)))
+        return self._do(_calls.wait(id, timeout_ms))
 
     def cancel(self, id: str, reason: Optional[str] = None) -> Record:
-        return Record.from_dict(self.call("exec.cancel", drop_none(id=id, reason=reason)))
+        return self._do(_calls.cancel(id, reason))
 
     def signal(self, id: str, signal: str, target: Optional[str] = None) -> Record:
         """exec.signal: signal is a name ("SIGINT"); target "all" (default)
         or "main"."""
-        return Record.from_dict(self.call("exec.signal", drop_none(id=id, signal=signal, target=target)))
+        return self._do(_calls.signal(id, signal, target))
 
     def write(self, id: str, data: Data = b"", close: bool = False) -> int:
         """exec.write: writes data (bytes or str) to stdin; returns the
         number of bytes written."""
-        p: Dict[str, Any] = {"id": id}
-        if data:
-            p["data"] = encode_data(data)
-        if close:
-            p["close"] = True
-        return int(self.call("exec.write", p).get("written", 0))
+        return self._do(_calls.write(id, data, close))
 
     def resize(self, id: str, rows: int, cols: int) -> Record:
-        return Record.from_dict(self.call("exec.resize", {"id": id, "rows": rows, "cols": cols}))
+        return self._do(_calls.resize(id, rows, cols))
 
     def update(self, id: str, timeout_ms: int) -> Record:
         """exec.update: a new wall-clock deadline, timeout_ms from now."""
-        return Record.from_dict(self.call("exec.update", {"id": id, "timeout_ms": timeout_ms}))
+        return self._do(_calls.update(id, timeout_ms))
 
     def list(self, state: Optional[str] = None, labels: Optional[Dict[str, str]] = None,
              limit: Optional[int] = None) -> List[Record]:
-        res = self.call("exec.list", drop_none(state=state, labels=labels, limit=limit))
-        return [Record.from_dict(r) for r in res.get("executions") or []]
+        return self._do(_calls.list(state, labels, limit))
 
     def output(self, id: str, stream: str = "stdout", offset: int = 0, limit: Optional[int] = None,
                wait_ms: Optional[int] = None) -> Output:
         """exec.output: kept bytes of stream from offset; with wait_ms, waits
         for some when there are none yet."""
-        return Output.from_dict(self.call("exec.output", drop_none(id=id, stream=stream, offset=offset, limit=limit,
-                                                                    wait_ms=wait_ms)))
+        return self._do(_calls.output(id, stream, offset, limit, wait_ms))
 
     def info(self) -> Info:
-        return Info.from_dict(self.call("daemon.info"))
+        return self._do(_calls.info())
 
     def follow(self, id: str, stdout_offset: int = 0, stderr_offset: int = 0, heartbeat_ms: Optional[int] = None,
                resume: bool = True) -> Iterator[Event]:
@@ -238,16 +224,12 @@ class Client:
         byte it yielded: no byte is lost or repeated. Chunks corrald skipped
         for a slow reader are read back with exec.output."""
         cursor = FollowCursor(stdout_offset, stderr_offset)
-        give_up = None
+        budget = Resume(self.socket, time.monotonic)
         while True:
             try:
                 conn = _Conn(self.socket, None)
             except OSError as e:
-                if not resume:
-                    raise ConnectionClosed(f"exec.follow: connect to corrald at {self.socket}: {e}") from e
-                give_up = give_up or time.monotonic() + RESUME_FOR
-                if time.monotonic() > give_up:
-                    raise ConnectionClosed(f"exec.follow: corrald at {self.socket} unreachable for {RESUME_FOR}s: {e}") from e
+                budget.connect_failed(resume, e)
                 time.sleep(RESUME_EVERY)
                 continue
             try:
@@ -255,10 +237,7 @@ class Client:
                 while True:
                     msg = conn.read()
                     if msg.get("id") == rid:
-                        err = msg.get("error")
-                        if err is not None and int(err.get("code", 0)) == -32005 and resume:
-                            raise ConnectionClosed("corrald is shutting down")
-                        rec = Record.from_dict(_result("exec.follow", msg))
+                        rec = _calls.follow_end(msg, resume)
                         # Anything corrald skipped at the very end.
                         for s, info in (("stdout", rec.stdout), ("stderr", rec.stderr)):
                             if info is not None:
@@ -272,18 +251,15 @@ class Client:
                         continue
                     if isinstance(ev, OutputEvent):
                         yield from self._fill(id, cursor, ev.stream, ev.offset)
-                        ev = cursor.trim(ev)
+                        ev = cursor.take(ev)
                         if ev is None:
                             continue
-                        cursor.advance(ev)
-                    give_up = None
+                    budget.delivered()
                     yield ev
             except (ConnectionClosed, OSError) as e:
                 if not resume:
                     raise
-                give_up = give_up or time.monotonic() + RESUME_FOR
-                if time.monotonic() > give_up:
-                    raise ConnectionClosed(f"exec.follow: could not resume for {RESUME_FOR}s: {e}") from e
+                budget.dropped(e)
                 time.sleep(RESUME_EVERY)
             finally:
                 conn.close()
@@ -291,26 +267,23 @@ class Client:
     def _fill(self, id: str, cursor: FollowCursor, stream: str, upto: int) -> Iterator[OutputEvent]:
         """Reads stream from the cursor up to offset upto with exec.output:
         the bytes a follow did not deliver."""
-        while cursor.offsets[stream] < upto:
-            out = self.output(id, stream=stream, offset=cursor.offsets[stream], limit=upto - cursor.offsets[stream])
-            if not out.data:
+        while True:
+            c = _calls.fill(id, cursor, stream, upto)
+            if c is None:
                 return
-            ev = OutputEvent(id, stream, out.offset, out.data)
-            cursor.advance(ev)
+            ev = _calls.filled(id, cursor, stream, self._do(c))
+            if ev is None:
+                return
             yield ev
 
     def run(self, argv, **kw) -> Result:
         """Runs argv to the end (start, then follow) and returns the final
         record with all of stdout and stderr as bytes. Keyword arguments are
         start()'s."""
-        rec = self.start(argv, **kw)
-        out = {"stdout": bytearray(), "stderr": bytearray()}
-        for ev in self.follow(rec.id):
-            if isinstance(ev, OutputEvent):
-                out[ev.stream] += ev.data
-            elif isinstance(ev, EndEvent):
-                rec = ev.record
-        return Result(rec, bytes(out["stdout"]), bytes(out["stderr"]))
+        col = Collector(self.start(argv, **kw))
+        for ev in self.follow(col.rec.id):
+            col.add(ev)
+        return col.result()
 
 
 def run(argv, socket: Optional[str] = None, **kw) -> Result:
