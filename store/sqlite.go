@@ -196,8 +196,7 @@ func (s *SQLite) open(o Options) error {
 	prep(&s.stmtInsert, `INSERT INTO executions
 		(id, owner_uid, state, outcome, created_at, cleaned_at, labels, argv, params, record)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`)
-	prep(&s.stmtUpdate, `UPDATE executions SET
-		owner_uid = ?, state = ?, outcome = ?, created_at = ?, cleaned_at = ?, labels = ?, argv = ?, record = ?
+	prep(&s.stmtUpdate, `UPDATE executions SET state = ?, outcome = ?, cleaned_at = ?, record = ?
 		WHERE id = ? AND state <= ?`)
 	prep(&s.stmtState, `SELECT state FROM executions WHERE id = ?`)
 	prep(&s.stmtOutput, `INSERT OR REPLACE INTO outputs (id, stream, head, tail, tail_offset, total)

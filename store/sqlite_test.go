@@ -566,3 +566,43 @@ func BenchmarkTransitions(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLifecycle is one execution's writes as the reactor makes them on
+// a short command's exit path: created (awaited: before the fork), then
+// running, exited and cleaned queued one after the other without waiting
+// (the exit often comes before running is durable), each answered by
+// callback. ns/op is one execution's store time; commits/op what it cost.
+func BenchmarkLifecycle(b *testing.B) {
+	s, err := OpenOptions(b.TempDir(), zerolog.Nop(), Options{Synchronous: SyncNormal})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	out := []Output{{Stream: Stdout, Kept: KeptOutput{Head: []byte("hello\n"), Total: 6, TailOffset: 6}},
+		{Stream: Stderr, Kept: KeptOutput{}}}
+	before := s.Stats()
+	b.ResetTimer()
+	for i := range b.N {
+		rec := newRecord(fmt.Sprintf("life%d", i), 1000, i, map[string]string{"tool_call": "bench"})
+		rec.Argv = []string{"/bin/true"}
+		if err := <-s.Create(rec, nil); err != nil {
+			b.Fatal(err)
+		}
+		done := make(chan Result, 3)
+		cb := func(r Result) { done <- r }
+		rec.State = api.StateRunning
+		s.TransitionFunc(api.StateStarted, rec, cb)
+		rec.State = api.StateExited
+		s.TransitionFunc(api.StateRunning, rec, cb, out...)
+		rec.State = api.StateCleaned
+		s.TransitionFunc(api.StateExited, rec, cb, out...)
+		for range 3 {
+			if r := <-done; r.Err != nil {
+				b.Fatal(r.Err)
+			}
+		}
+	}
+	b.StopTimer()
+	st := s.Stats()
+	b.ReportMetric(float64(st.Commits-before.Commits)/float64(b.N), "commits/op")
+}

@@ -202,14 +202,12 @@ func (s *SQLite) transition(from api.State, rec api.Record, outs []Output, fail 
 		fail(Result{Err: err})
 		return
 	}
-	labels, argv, err := encodeColumns(rec)
-	if err != nil {
-		fail(Result{Err: err})
-		return
-	}
+	// Only what a transition can change is rewritten: the owner, the
+	// creation time, the labels and argv columns are the Create's (and
+	// SET-ting an indexed column costs its index's update even when the
+	// value is the same).
 	op := &transitionOp{id: rec.ID, from: from, to: rec.State, outs: outs, ch: ch, row: []any{
-		int64(rec.Owner.UID), int(rec.State), outcomeCol(rec), rec.CreatedAt.UnixNano(),
-		nanos(cleanedAt(rec, time.Now())), labels, argv, string(b),
+		int(rec.State), outcomeCol(rec), nanos(cleanedAt(rec, time.Now())), string(b),
 		rec.ID, int(from),
 	}}
 	if ch == nil {

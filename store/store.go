@@ -71,7 +71,9 @@ type Store interface {
 	// up. rec.State must be a legal successor of from (see Legal), or from
 	// itself for an update without a state change; anything else answers
 	// ErrIllegal without writing. outs are written in the same transaction
-	// (typically the kept output with the exited transition).
+	// (typically the kept output with the exited transition). A record's
+	// identity (id, owner, created_at, argv, labels) is the Create's: what
+	// List filters on is not rewritten by a Transition.
 	Transition(from api.State, rec api.Record, outs ...Output) <-chan Result
 
 	// Every store also answers transitions by callback (see Notifier): the
