@@ -49,6 +49,9 @@ type Stats struct {
 	Commits  int64 // transactions committed
 	Writes   int64 // write requests committed
 	Failures int64 // transactions that failed (each failed write is retried alone once)
+	// Coalesced counts transitions superseded in the queue by a newer one
+	// of the same record (answered at its commit, never written).
+	Coalesced int64
 }
 
 // SQLite is the Store kept in a SQLite database in WAL mode. One writer
@@ -70,8 +73,9 @@ type SQLite struct {
 	stmtInsert, stmtUpdate, stmtState, stmtOutput, stmtSaveOutput *sql.Stmt
 	stmtDelOutputs, stmtDelExecs                                  *sql.Stmt
 
-	mu      sync.Mutex // guards queue and closing
+	mu      sync.Mutex // guards queue, pending and closing
 	queue   []writeOp
+	pending map[string]*transitionOp // the newest queued transition of each record
 	closing bool
 	wake    chan struct{} // capacity 1: coalesces wake-ups of the writer
 	stopped chan struct{} // closed when the writer goroutine has returned
@@ -79,7 +83,7 @@ type SQLite struct {
 	healthMu sync.Mutex
 	health   error
 
-	commits, writes, failures atomic.Int64
+	commits, writes, failures, coalesced atomic.Int64
 }
 
 var _ Store = (*SQLite)(nil)
@@ -138,6 +142,7 @@ func OpenOptions(dir string, log zerolog.Logger, o Options) (*SQLite, error) {
 		log:      log,
 		maxBatch: o.MaxBatch,
 		wake:     make(chan struct{}, 1),
+		pending:  make(map[string]*transitionOp),
 		stopped:  make(chan struct{}),
 	}
 	if err := s.open(o); err != nil {
@@ -224,7 +229,7 @@ func (s *SQLite) Path() string { return s.path }
 
 // Stats returns the writer's counters.
 func (s *SQLite) Stats() Stats {
-	return Stats{Commits: s.commits.Load(), Writes: s.writes.Load(), Failures: s.failures.Load()}
+	return Stats{Commits: s.commits.Load(), Writes: s.writes.Load(), Failures: s.failures.Load(), Coalesced: s.coalesced.Load()}
 }
 
 // Health returns nil, or the last write error while no write has succeeded

@@ -136,9 +136,9 @@ func TestGroupCommit(t *testing.T) {
 // alone: the others in the same transaction are retried and committed.
 func TestOneBadWriteInABatch(t *testing.T) {
 	s := openTemp(t, t.TempDir())
-	// Hold the writer inside a batch of its own so that every write below
-	// lands in the next batch.
-	gate := gateOp{entered: make(chan struct{}), release: make(chan struct{}), ch: make(chan error, 1)}
+	// Hold the writer inside a batch so that every write below joins it
+	// (the gate is retried alone with them when the batch fails).
+	gate := newGate()
 	s.enqueue(gate)
 	<-gate.entered
 	var chans []<-chan error
@@ -190,13 +190,22 @@ func (op failingOp) apply(ctx context.Context, s *SQLite) error {
 func (op failingOp) finish(err error) { op.ch <- err }
 
 // gateOp is a write that holds the writer until release is closed.
+// Applied again (a failed batch's writes are retried alone), it passes.
 type gateOp struct {
 	entered, release chan struct{}
 	ch               chan error
 }
 
+func newGate() gateOp {
+	return gateOp{entered: make(chan struct{}), release: make(chan struct{}), ch: make(chan error, 1)}
+}
+
 func (op gateOp) apply(ctx context.Context, s *SQLite) error {
-	close(op.entered)
+	select {
+	case <-op.entered:
+	default:
+		close(op.entered)
+	}
 	<-op.release
 	return nil
 }

@@ -3,12 +3,23 @@ package store
 // The SQLite store's writes: one writer goroutine takes every queued write
 // (Create, Transition, SaveOutput, DeleteCleanedBefore) in order and
 // group-commits them in one transaction, then answers each caller.
+//
+// Two things keep the commits on an execution's path few:
+//   - A transition queued while an older one of the same record still waits
+//     in the queue supersedes it (coalesce): only the newest record is
+//     written, and both callers are answered at its commit. The older record
+//     was never answered, so no one was told of it; the store ends where the
+//     two writes one after the other would have left it.
+//   - Writes queued while the writer applies a batch join that batch's
+//     transaction before its COMMIT (late join), instead of waiting for the
+//     next commit.
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/corral-dev/corral/api"
@@ -29,6 +40,19 @@ func (s *SQLite) enqueue(op writeOp) bool {
 		s.mu.Unlock()
 		return false
 	}
+	switch op := op.(type) {
+	case *transitionOp:
+		if old := s.pending[op.id]; old != nil && op.supersedes(old) {
+			if i := slices.Index(s.queue, writeOp(old)); i >= 0 {
+				s.queue = slices.Delete(s.queue, i, i+1)
+				op.superseded = append(old.superseded, old)
+				s.coalesced.Add(1)
+			}
+		}
+		s.pending[op.id] = op
+	case *createOp:
+		delete(s.pending, op.rec.ID)
+	}
 	s.queue = append(s.queue, op)
 	s.mu.Unlock()
 	s.signal()
@@ -42,16 +66,25 @@ func (s *SQLite) signal() {
 	}
 }
 
-// take removes up to maxBatch queued writes.
-func (s *SQLite) take() (ops []writeOp, closing bool) {
+// take removes up to max queued writes. A taken transition can no longer
+// be superseded.
+func (s *SQLite) take(max int) (ops []writeOp, closing bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := min(len(s.queue), s.maxBatch)
+	n := min(len(s.queue), max)
+	if n == 0 {
+		return nil, s.closing
+	}
 	ops = make([]writeOp, n)
 	copy(ops, s.queue)
 	rest := copy(s.queue, s.queue[n:])
 	clear(s.queue[rest:])
 	s.queue = s.queue[:rest]
+	for _, op := range ops {
+		if t, ok := op.(*transitionOp); ok && s.pending[t.id] == t {
+			delete(s.pending, t.id)
+		}
+	}
 	return ops, s.closing
 }
 
@@ -61,7 +94,7 @@ func (s *SQLite) take() (ops []writeOp, closing bool) {
 func (s *SQLite) writer() {
 	defer close(s.stopped)
 	for {
-		ops, closing := s.take()
+		ops, closing := s.take(s.maxBatch)
 		if len(ops) == 0 {
 			if closing {
 				return
@@ -74,12 +107,13 @@ func (s *SQLite) writer() {
 }
 
 func (s *SQLite) runBatch(ops []writeOp) {
-	err := s.commit(ops)
+	ops, err := s.commit(ops, true)
 	if err != nil && len(ops) > 1 {
 		// One bad write must not fail the others: retry each alone.
 		s.log.Warn().Err(err).Int("writes", len(ops)).Msg("store batch failed; retrying writes one by one")
 		for _, op := range ops {
-			op.finish(s.commit([]writeOp{op}))
+			_, err := s.commit([]writeOp{op}, false)
+			op.finish(err)
 		}
 		return
 	}
@@ -88,8 +122,11 @@ func (s *SQLite) runBatch(ops []writeOp) {
 	}
 }
 
-// commit applies ops in one transaction. On failure nothing of it is kept.
-func (s *SQLite) commit(ops []writeOp) (err error) {
+// commit applies ops in one transaction; with join, writes queued meanwhile
+// (up to maxBatch in all) join it before the COMMIT. It returns every write
+// the transaction held (applied or not when it failed). On failure nothing
+// of it is kept.
+func (s *SQLite) commit(ops []writeOp, join bool) (_ []writeOp, err error) {
 	ctx := context.Background()
 	defer func() {
 		if err != nil {
@@ -102,20 +139,30 @@ func (s *SQLite) commit(ops []writeOp) (err error) {
 		}
 	}()
 	if _, err := s.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return fmt.Errorf("store %s: begin: %w", s.path, err)
+		return ops, fmt.Errorf("store %s: begin: %w", s.path, err)
 	}
-	for _, op := range ops {
-		if err := op.apply(ctx, s); err != nil {
-			return fmt.Errorf("store %s: %w", s.path, err)
+	for i := 0; i < len(ops); i++ {
+		if err := ops[i].apply(ctx, s); err != nil {
+			return ops, fmt.Errorf("store %s: %w", s.path, err)
+		}
+		if join && i == len(ops)-1 && len(ops) < s.maxBatch {
+			more, _ := s.take(s.maxBatch - len(ops))
+			ops = append(ops, more...)
 		}
 	}
 	if _, err := s.conn.ExecContext(ctx, "COMMIT"); err != nil {
-		return fmt.Errorf("store %s: commit: %w", s.path, err)
+		return ops, fmt.Errorf("store %s: commit: %w", s.path, err)
 	}
 	s.commits.Add(1)
-	s.writes.Add(int64(len(ops)))
+	n := int64(len(ops))
+	for _, op := range ops {
+		if t, ok := op.(*transitionOp); ok {
+			n += int64(len(t.superseded))
+		}
+	}
+	s.writes.Add(n)
 	s.setHealth(nil)
-	return nil
+	return ops, nil
 }
 
 // --- writes ---
@@ -175,6 +222,26 @@ type transitionOp struct {
 	res  Result
 	ch   chan Result  // the answer, when fn is nil
 	fn   func(Result) // TransitionFunc's done, called on the writer goroutine
+	// superseded are the older queued transitions of the same record that
+	// this one replaced (oldest first): answered with this one's result,
+	// before it.
+	superseded []*transitionOp
+}
+
+// supersedes reports whether op, queued after old (same record, old not
+// yet taken by the writer), can be written in old's stead: op moves on from
+// where old leaves the record (so writing op alone ends where old then op
+// would), and op's kept output covers every stream old would write.
+func (op *transitionOp) supersedes(old *transitionOp) bool {
+	if old.to > op.from {
+		return false
+	}
+	for _, o := range old.outs {
+		if !slices.ContainsFunc(op.outs, func(n Output) bool { return n.Stream == o.Stream }) {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *SQLite) Transition(from api.State, rec api.Record, outs ...Output) <-chan Result {
@@ -252,6 +319,13 @@ func (op *transitionOp) finish(err error) {
 	if err != nil {
 		res = Result{Err: err}
 	}
+	for _, old := range op.superseded {
+		old.answer(res)
+	}
+	op.answer(res)
+}
+
+func (op *transitionOp) answer(res Result) {
 	if op.fn != nil {
 		op.fn(res)
 		return
