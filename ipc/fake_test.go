@@ -256,6 +256,18 @@ type rawConn struct {
 	br *bufio.Reader
 }
 
+// dialClient dials the server at path with Client; the test's cleanup
+// closes it.
+func dialClient(t *testing.T, path string) *Client {
+	t.Helper()
+	c, err := Dial(path)
+	if err != nil {
+		t.Fatalf("dial %s: %v", path, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func dialRaw(t *testing.T, path string) *rawConn {
 	t.Helper()
 	nc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})

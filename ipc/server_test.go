@@ -261,11 +261,7 @@ func TestLongLineUnderLimitIsAccepted(t *testing.T) {
 func TestSlowWaitDoesNotBlockGet(t *testing.T) {
 	f := newFake()
 	path, _ := startServer(t, f, nil)
-	c, err := Dial(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialClient(t, path)
 
 	waited := make(chan error, 1)
 	go func() {
@@ -339,11 +335,7 @@ func TestInFlightLimitPausesReading(t *testing.T) {
 func TestPeerCredentialsReachService(t *testing.T) {
 	f := newFake()
 	path, _ := startServer(t, f, nil)
-	c, err := Dial(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialClient(t, path)
 	rec, err := c.Get(context.Background(), "me")
 	if err != nil {
 		t.Fatal(err)
@@ -424,11 +416,7 @@ func TestNotifyAfterFollowReturnsIsRefused(t *testing.T) {
 		return api.Record{ID: p.ID, State: api.StateCleaned}, nil
 	}
 	path, _ := startServer(t, f, nil)
-	c, err := Dial(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialClient(t, path)
 	if _, err := c.Follow(context.Background(), api.FollowParams{ID: "x"}, func(string, json.RawMessage) {}); err != nil {
 		t.Fatal(err)
 	}
@@ -510,11 +498,7 @@ func TestShutdownCancelsAndRefuses(t *testing.T) {
 func TestMethodsReachService(t *testing.T) {
 	f := newFake()
 	path, _ := startServer(t, f, nil)
-	c, err := Dial(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialClient(t, path)
 	ctx := context.Background()
 	var names []string
 	check := func(name string, err error) {
@@ -585,11 +569,7 @@ func TestMethodsReachService(t *testing.T) {
 func TestClientFailsCallsWhenConnectionEnds(t *testing.T) {
 	f := newFake()
 	path, srv := startServer(t, f, nil)
-	c, err := Dial(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialClient(t, path)
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Wait(context.Background(), api.WaitParams{ID: "block"})
@@ -617,11 +597,7 @@ func TestClientFailsCallsWhenConnectionEnds(t *testing.T) {
 func TestCallContextCancel(t *testing.T) {
 	f := newFake()
 	path, _ := startServer(t, f, nil)
-	c, err := Dial(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialClient(t, path)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if _, err := c.Wait(ctx, api.WaitParams{ID: "block"}); !errors.Is(err, context.DeadlineExceeded) {
