@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/api"
-	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/tests/testd"
 	"github.com/corral-dev/corral/tests/testenv"
 )
@@ -21,16 +20,7 @@ import (
 // the cgroup removed, no fd left open and no timer left behind.
 func TestCleanupThroughCgroupEvents(t *testing.T) {
 	testenv.CheckFDs(t)
-	mount := testd.Cgroup2Mount()
-	if mount == "" {
-		testenv.Skip(t, "no cgroup2 hierarchy")
-	}
-	base := testd.StrictCgroupBase(t, mount, "corral-reactor")
-	be, err := scope.NewCgroup(scope.CgroupOptions{Base: base})
-	if err != nil {
-		t.Fatalf("cgroup backend: %v", err)
-	}
-	t.Cleanup(func() { be.Close() })
+	be, base := strictCgroupBackend(t)
 	tr := newTestReactor(t, func(c *Config) { c.Backend = be })
 
 	// The background sleep keeps the scope populated after the main

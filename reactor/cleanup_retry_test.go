@@ -134,20 +134,26 @@ func (b *faultyBackend) firstKill() time.Time {
 func cleanupBackends(t *testing.T) map[string]func(t *testing.T) (scope.Backend, string) {
 	return map[string]func(t *testing.T) (scope.Backend, string){
 		"pgroup": func(t *testing.T) (scope.Backend, string) { return scope.NewPgroup(), "" },
-		"cgroup": func(t *testing.T) (scope.Backend, string) {
-			mount := testd.Cgroup2Mount()
-			if mount == "" {
-				testenv.Skip(t, "no cgroup2 hierarchy")
-			}
-			base := testd.StrictCgroupBase(t, mount, "corral-reactor")
-			be, err := scope.NewCgroup(scope.CgroupOptions{Base: base})
-			if err != nil {
-				t.Fatalf("cgroup backend: %v", err)
-			}
-			t.Cleanup(func() { be.Close() })
-			return be, base
-		},
+		"cgroup": strictCgroupBackend,
 	}
+}
+
+// strictCgroupBackend is a cgroup backend under a strict base (the test
+// fails on any cgroup or process left in it), closed by the test's
+// cleanup, and that base.
+func strictCgroupBackend(t *testing.T) (scope.Backend, string) {
+	t.Helper()
+	mount := testd.Cgroup2Mount()
+	if mount == "" {
+		testenv.Skip(t, "no cgroup2 hierarchy")
+	}
+	base := testd.StrictCgroupBase(t, mount, "corral-reactor")
+	be, err := scope.NewCgroup(scope.CgroupOptions{Base: base})
+	if err != nil {
+		t.Fatalf("cgroup backend: %v", err)
+	}
+	t.Cleanup(func() { be.Close() })
+	return be, base
 }
 
 // backgroundSleep is a tree whose main process exits at once and leaves a
