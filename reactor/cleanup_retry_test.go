@@ -85,22 +85,13 @@ func (s *faultyScope) Kill() error {
 // its lowest free fd, so that no file can be opened meanwhile (every
 // goroutine's open fails alike, as in corrald under the drill's fault).
 func atFDLimit(f func() error) error {
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		return err
-	}
-	free, err := unix.Dup(0)
+	restore, err := testenv.LowerFDLimit(0)
 	if err != nil {
 		return err
 	}
-	unix.Close(free)
-	lim := unix.Rlimit{Cur: uint64(free), Max: old.Max}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		return err
-	}
 	defer func() {
-		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-			panic(fmt.Sprintf("restore RLIMIT_NOFILE: %v", err))
+		if err := restore(); err != nil {
+			panic(err)
 		}
 	}()
 	return f()

@@ -11,11 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/store"
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // heldBackend is the pgroup backend declaring PlaceHeld, as systemd does:
@@ -128,22 +127,13 @@ func TestStartByVanishedClientStillEnds(t *testing.T) {
 // (outcome start_failed); found by tests/drill (emfile).
 func TestStartOutOfFDsRefusedWithOverCapacity(t *testing.T) {
 	tr := newTestReactor(t, nil)
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	free, err := unix.Dup(0)
+	// A few fds left, fewer than an execution needs.
+	restore, err := testenv.LowerFDLimit(4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	unix.Close(free)
-	// A few fds left, fewer than an execution needs.
-	lim := unix.Rlimit{Cur: uint64(free + 4), Max: old.Max}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
 	_, serr := tr.Start(context.Background(), root, api.StartParams{ID: "out-of-fds", Argv: []string{"true"}})
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+	if err := restore(); err != nil {
 		t.Fatal(err)
 	}
 	if api.ErrorCode(serr) != api.CodeOverCapacity {

@@ -334,24 +334,14 @@ func TestNewCgroupUnsupported(t *testing.T) {
 // found by tests/drill (emfile), where every such start left one for good.
 func TestCgroupPrepareOutOfFDsLeavesNoCgroup(t *testing.T) {
 	b, base := cgtBackend(t)
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
 	cmd := bkCommand("true")
-	// The lowest free fd number: a limit there leaves no fd to open.
-	free, err := unix.Dup(0)
+	// No fd left: mkdir works, opening the new directory does not.
+	restore, err := testenv.LowerFDLimit(0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	unix.Close(free)
-	// No fd left: mkdir works, opening the new directory does not.
-	lim := unix.Rlimit{Cur: uint64(free), Max: old.Max}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
 	_, perr := b.Prepare(context.Background(), Spec{ID: "emfile", Cmd: cmd})
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+	if err := restore(); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(perr, unix.EMFILE) {

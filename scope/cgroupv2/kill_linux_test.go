@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // startSleep starts a sleep the test owns and lists its pid in dir's
@@ -130,21 +132,12 @@ func signalRunningOutOfFDs(t *testing.T) (string, error) {
 		t.Fatal(err)
 	}
 	defer ff.Close()
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	free, err := unix.Dup(0)
+	restore, err := testenv.LowerFDLimit(32)
 	if err != nil {
 		t.Fatal(err)
 	}
-	unix.Close(free)
-	lim := unix.Rlimit{Cur: uint64(free + 32), Max: old.Max}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
 	defer func() {
-		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		if err := restore(); err != nil {
 			t.Fatal(err)
 		}
 	}()

@@ -1,9 +1,11 @@
 package testenv
 
 import (
+	"errors"
 	"os"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -91,5 +93,33 @@ func TestCheckFindsLeakedGoroutine(t *testing.T) {
 	}
 	if err := before.Check(2 * time.Second); err != nil {
 		t.Errorf("Check after it ended = %v, want nil", err)
+	}
+}
+
+func TestLowerFDLimit(t *testing.T) {
+	restore, err := LowerFDLimit(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, ferr := syscall.Dup(0)
+	second, serr := syscall.Dup(0)
+	if err := restore(); err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range []int{first, second} {
+		if fd >= 0 {
+			syscall.Close(fd)
+		}
+	}
+	if ferr != nil {
+		t.Errorf("first dup under LowerFDLimit(1) = %v, want an fd", ferr)
+	}
+	if !errors.Is(serr, syscall.EMFILE) {
+		t.Errorf("second dup under LowerFDLimit(1) = %v, want EMFILE", serr)
+	}
+	if fd, err := syscall.Dup(0); err != nil {
+		t.Errorf("dup after restore = %v, want an fd", err)
+	} else {
+		syscall.Close(fd)
 	}
 }
