@@ -129,12 +129,8 @@ func sendWithFds(state string, fds []int) (bool, error) {
 		oob = unix.UnixRights(fds...)
 	}
 	if n.fd >= 0 && n.path == path {
-		err := unix.Sendmsg(n.fd, []byte(state), oob, nil, unix.MSG_DONTWAIT)
-		switch {
-		case err == nil:
-			return true, nil
-		case errors.Is(err, unix.EAGAIN):
-			return n.queueLocked(path, state, fds)
+		if done, ok, err := n.trySendLocked(path, state, fds, oob); done {
+			return ok, err
 		}
 		// A stale connection (the receiver's socket was re-created): the
 		// error worth reporting is the fresh socket's, below.
@@ -143,15 +139,29 @@ func sendWithFds(state string, fds []int) (bool, error) {
 	if err := n.openLocked(path); err != nil {
 		return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), err)
 	}
-	err := unix.Sendmsg(n.fd, []byte(state), oob, nil, unix.MSG_DONTWAIT)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, unix.EAGAIN):
-		return n.queueLocked(path, state, fds)
+	done, ok, err := n.trySendLocked(path, state, fds, oob)
+	if done {
+		return ok, err
 	}
 	n.closeLocked()
 	return false, fmt.Errorf("sd_notify %q: %w", firstLine(state), os.NewSyscallError("sendmsg", err))
+}
+
+// trySendLocked makes one non-blocking send of state (with oob, the fds'
+// SCM_RIGHTS) on n.fd. done reports that the message was dealt with: sent
+// (ok), or queued because the receiver is not reading (ok and err are
+// queueLocked's). When not done, err is sendmsg's and the caller decides
+// about the connection.
+func (n *notifier) trySendLocked(path, state string, fds []int, oob []byte) (done, ok bool, err error) {
+	err = unix.Sendmsg(n.fd, []byte(state), oob, nil, unix.MSG_DONTWAIT)
+	switch {
+	case err == nil:
+		return true, true, nil
+	case errors.Is(err, unix.EAGAIN):
+		ok, err = n.queueLocked(path, state, fds)
+		return true, ok, err
+	}
+	return false, false, err
 }
 
 // queueLocked appends a message to pending, with duplicates of fds, and
