@@ -292,7 +292,8 @@ func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp
 // command, wraps it in the shim when the plan needs one, starts and places
 // it (startPlaced) and waits for the shim's exec. The outcome is in sp: the
 // process and scope, or a failed start with nothing of the child left (its
-// parent fds closed too). The child's ends are closed once it started.
+// parent fds closed too). It closes the child's ends in stdio before it
+// returns, right after the start (the child has its copies then).
 func (r *Reactor) startInline(e *execution, lp launchPlan, stdio *childStdio, sp *spawned) {
 	p := e.params
 	cmd := lp.command(p, stdio)

@@ -9,6 +9,8 @@
 //     mount, a systemd to boot, a tool, a user). With CORRAL_STRICT=1 (CI,
 //     where everything is installed) they fail instead: a skip there would
 //     let a suite pass green without having run.
+//   - LowerFDLimit: the process out of fds (a low soft RLIMIT_NOFILE), for
+//     the tests of what corral does on EMFILE.
 //
 // A skip that is not about the environment (testing.Short, an opt-in such
 // as CORRAL_BENCH, a fuzz input out of range) stays a plain t.Skip.
