@@ -137,6 +137,8 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 		return fd
 	}
 	e.rec.Adopted++
+	// An exited record came from the store: durable.
+	e.exitDurable = a.Record.State == api.StateExited
 	if r.cfg.FdStore != nil {
 		// Still in the store from before; which of them exactly the
 		// earlier image did not say, so all roles of its kind.

@@ -285,3 +285,80 @@ func TestHoldForksWaitsForForkInFlight(t *testing.T) {
 	var nilReaper *reaper
 	nilReaper.holdForks()()
 }
+
+// heldExitStore holds the answer to every exited transition until release
+// is closed, and says when a cleaned one is asked for.
+type heldExitStore struct {
+	store.Store
+	release chan struct{}
+	cleaned chan string // ids whose cleaned transition was asked for
+}
+
+func (s *heldExitStore) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
+	switch rec.State {
+	case api.StateExited:
+		s.Store.TransitionFunc(from, rec, func(res store.Result) {
+			go func() { <-s.release; done(res) }()
+		}, outs...)
+		return
+	case api.StateCleaned:
+		s.cleaned <- rec.ID
+	}
+	s.Store.TransitionFunc(from, rec, done, outs...)
+}
+
+// TestFdStoreKeepsFdsUntilExitIsDurable: an execution's fds leave the fd
+// store only once a record with its outcome is durable. Its cleanup may
+// close them before (the tree and the pipes are gone at once), but a crash
+// of corrald then, its record still running in the store, would leave the
+// restarted corrald nothing to adopt it by ("its fds were not in the fd
+// store": lost, though its pidfd still held its exit status). Found by
+// tests/survival TestReloadThenCrash/watchdog: children that exited while
+// corrald was SIGSTOPped, handled in the moment between systemd's SIGCONT
+// and the SIGABRT's end.
+func TestFdStoreKeepsFdsUntilExitIsDurable(t *testing.T) {
+	fs := &fakeFdStore{fds: map[string]int{}}
+	st := &heldExitStore{Store: store.NewMemory(), release: make(chan struct{}), cleaned: make(chan string, 1)}
+	released := false
+	defer func() {
+		if !released {
+			close(st.release)
+		}
+	}()
+	r := newTestReactor(t, func(c *Config) { c.Store, c.FdStore, c.StateDir = st, fs, t.TempDir() })
+	ctx := context.Background()
+	rec, err := r.Start(ctx, root, api.StartParams{Argv: []string{"true"}, Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := func() []string {
+		fs.mu.Lock()
+		defer fs.mu.Unlock()
+		var got []string
+		for _, name := range fs.removed {
+			if role, ok := strings.CutPrefix(name, rec.ID+"."); ok {
+				got = append(got, role)
+			}
+		}
+		sort.Strings(got)
+		return got
+	}
+	// Cleaned is asked for once the cleanup closed the fds and removed the
+	// scope: the exited record is still not durable.
+	select {
+	case <-st.cleaned:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no cleaned transition")
+	}
+	if got := removed(); len(got) > 0 {
+		t.Errorf("removed %v from the fd store while the exited record was not durable yet: a crash now would lose the execution", got)
+	}
+	close(st.release)
+	released = true
+	if rec, err = r.Wait(ctx, root, api.WaitParams{ID: rec.ID}); err != nil || rec.State != api.StateCleaned {
+		t.Fatalf("Wait = %v, %v", rec.State, err)
+	}
+	if got := strings.Join(removed(), " "); got != "pidfd stderr stdout" {
+		t.Errorf("once exited is durable: removed %q, want pidfd stderr stdout each once", got)
+	}
+}

@@ -342,7 +342,9 @@ func (r *Reactor) finishCleanup(e *execution, leftover string) {
 	if e.stdin != nil {
 		r.closeStdin(e)
 	}
-	r.unparkFds(e, "")
+	if e.exitDurable {
+		r.unparkFds(e, "")
+	} // else once it is (durableAs)
 	r.removeScope(e, leftover)
 }
 

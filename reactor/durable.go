@@ -85,6 +85,9 @@ func (r *Reactor) retryDirty() {
 			outs = keptForStore(e)
 		}
 		r.persist(e, e.prev, rec, func(ok bool) {
+			if ok {
+				r.durableAs(e, rec.State)
+			}
 			if ok && e.done && e.state == api.StateCleaned {
 				delete(r.execs, e.id) // durable at last: the store answers for it
 			}
@@ -179,7 +182,10 @@ func (r *Reactor) commit(e *execution, outs ...store.Output) {
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
 	r.observe(e, e.prev, &rec)
-	r.persist(e, e.prev, rec, func(bool) {
+	r.persist(e, e.prev, rec, func(ok bool) {
+		if ok {
+			r.durableAs(e, rec.State)
+		}
 		r.tell(e, rec)
 		if e.startAck != nil {
 			e.startAck <- rec

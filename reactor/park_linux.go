@@ -8,6 +8,8 @@ package reactor
 import (
 	"os"
 	"strings"
+
+	"github.com/corral-dev/corral/api"
 )
 
 // FdStore parks fds with the service manager so that they outlive a crash
@@ -115,6 +117,23 @@ func (r *Reactor) unparkFds(e *execution, role string) {
 		}
 	}
 	e.parked = keep
+}
+
+// durableAs is told that e's record in state st is durable. Once one with
+// the outcome is (exited or cleaned), a crash of corrald no longer needs
+// e's fds: the restarted corrald finishes e from its record. Before, it
+// needs them: with the record still running and the fds gone from the
+// store, e would be lost ("its fds were not in the fd store") though its
+// pidfd could tell its exit. So a cleanup that closed them before
+// (finishCleanup) leaves them parked until then. Loop goroutine.
+func (r *Reactor) durableAs(e *execution, st api.State) {
+	if e.exitDurable || (st != api.StateExited && st != api.StateCleaned) {
+		return
+	}
+	e.exitDurable = true
+	if e.cleaning {
+		r.unparkFds(e, "")
+	}
 }
 
 // startSpools opens the spools of a new execution's streams. Loop.

@@ -55,6 +55,9 @@ type execution struct {
 	tty      *terminal // tty: true: the terminal's master, owned here (tty_linux.go)
 	work     string    // workspace to delete at cleanup, or ""
 	parked   []string  // roles of its fds in the fd store (adopt_linux.go)
+	// exitDurable: a record with its outcome (exited or cleaned) is
+	// durable; until then its fds stay in the fd store (park_linux.go).
+	exitDurable bool
 
 	timeout, grace, killWait, sampler, reap *eventloop.Timer
 	idle                                    *eventloop.Timer // idle_timeout_ms (deadline.go)
@@ -335,6 +338,7 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 	// hears of it; from then on the store answers for it.
 	r.persist(e, e.prev, rec, func(ok bool) {
 		if ok {
+			r.durableAs(e, rec.State)
 			r.dropSpools(e) // the store holds the kept output now
 		}
 		r.tell(e, rec)

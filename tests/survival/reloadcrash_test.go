@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,9 +29,23 @@ import (
 // empty at the end. The crash is a kill -9 of the new image, or a
 // watchdog abort (WatchdogSec=4s, corrald SIGSTOPped: systemd sends
 // SIGABRT and SIGCONT).
+//
+// The drill's sd-reload phase follows sd-kill-9: the corrald it reloads
+// was itself restarted from the fd store. The restarted/ variants do that
+// first (kill -9, the restarted corrald adopts the executions started
+// before it).
 func TestReloadThenCrash(t *testing.T) {
-	for _, crash := range []string{"kill-9", "watchdog"} {
-		t.Run(crash, func(t *testing.T) { reloadThenCrash(t, crash, 3, 3) })
+	for _, restarted := range []bool{false, true} {
+		for _, crash := range []string{"kill-9", "watchdog", "watchdog-idle"} {
+			if restarted && crash == "watchdog-idle" {
+				continue
+			}
+			name := crash
+			if restarted {
+				name = "restarted/" + crash
+			}
+			t.Run(name, func(t *testing.T) { reloadThenCrash(t, crash, restarted, 3, 3) })
+		}
 	}
 }
 
@@ -40,7 +55,7 @@ func TestReloadThenCrash(t *testing.T) {
 // handover).
 func TestReloadUnderLoadThenCrash(t *testing.T) {
 	for _, crash := range []string{"kill-9", "watchdog"} {
-		t.Run(crash, func(t *testing.T) { reloadThenCrash(t, crash, 8, 32) })
+		t.Run(crash, func(t *testing.T) { reloadThenCrash(t, crash, true, 8, 32) })
 	}
 }
 
@@ -54,15 +69,24 @@ type gated struct {
 	unit     string
 }
 
-func reloadThenCrash(t *testing.T, crash string, before, during int) {
+func reloadThenCrash(t *testing.T, crash string, restarted bool, before, during int) {
 	setup(t)
-	if crash == "watchdog" {
+	if crash != "kill-9" {
+		sec := "4s"
+		if crash == "watchdog-idle" {
+			// corrald pings at its loop's start (and the handover before
+			// its exec) only: systemd aborts the reloaded image 6s after
+			// the handover, running, its loop idle (the drill's abort).
+			sec = "6s"
+			corrald("--watchdog-interval", "1h").WriteDropIn(t)
+		}
 		conf := filepath.Join(os.Getenv(harness.EnvUnitDir), "corrald.service.d", "watchdog.conf")
-		if err := os.WriteFile(conf, []byte("[Service]\nWatchdogSec=4s\n"), 0o644); err != nil {
+		if err := os.WriteFile(conf, []byte("[Service]\nWatchdogSec="+sec+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
 			os.Remove(conf)
+			corrald().WriteDropIn(t)
 			harness.Sh(t, "systemctl", "daemon-reload")
 			harness.Sh(t, "systemctl", "restart", "corrald.service")
 			dial(t)
@@ -71,6 +95,7 @@ func reloadThenCrash(t *testing.T, crash string, before, during int) {
 		harness.Sh(t, "systemctl", "restart", "corrald.service")
 	}
 	c := dial(t)
+	restarts0, _ := strconv.Atoi(prop(t, "NRestarts"))
 	first, err := c.Info(ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +166,25 @@ func reloadThenCrash(t *testing.T, crash string, before, during int) {
 		}
 	}
 	storeIs("before the reload", want())
+	if restarted {
+		old := mainPID(t)
+		harness.Sh(t, "systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", "corrald.service")
+		c = waitNewMain(t, old)
+		if first, err = c.Info(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if first.Adopted != len(all) {
+			t.Fatalf("restarted before the reload: adopted %d, want %d", first.Adopted, len(all))
+		}
+		storeIs("restarted, before the reload", want())
+		for i := 0; i < before; i++ {
+			if err := start(c, i == 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		storeIs("restarted, more started, before the reload", want())
+	}
+	handedOver := len(all)
 
 	// The reload, with clients starting executions meanwhile: those the
 	// handover refuses (-32005) retry, on a new connection if theirs went.
@@ -199,10 +243,20 @@ func reloadThenCrash(t *testing.T, crash string, before, during int) {
 	}
 	n := want()
 	storeIs("after the reload, before the crash", n)
-	if second.Adopted < before {
-		t.Errorf("the new image adopted %d at the handover, want at least the %d started before it", second.Adopted, before)
+	if second.Adopted < handedOver {
+		t.Errorf("the new image adopted %d at the handover, want at least the %d started before it", second.Adopted, handedOver)
 	}
 	restarts, _ := strconv.Atoi(prop(t, "NRestarts"))
+	if crash == "watchdog-idle" {
+
+		// The restarted corrald pings as usual (the reloaded image keeps
+		// its arguments).
+		corrald().WriteDropIn(t)
+		harness.Sh(t, "systemctl", "daemon-reload")
+		if restarts != restarts0 || mainPID(t) != first.PID {
+			t.Fatalf("corrald was restarted before the reload's image could crash (NRestarts %d): the test took longer than WatchdogSec", restarts)
+		}
+	}
 
 	// The crash of the new image. Half the executions are let go while
 	// corrald is down (the watchdog: before systemd even aborts it).
@@ -221,6 +275,16 @@ func reloadThenCrash(t *testing.T, crash string, before, during int) {
 	case "watchdog":
 		harness.Sh(t, "kill", "-STOP", strconv.Itoa(old))
 		letGo(0)
+	case "watchdog-idle":
+		// Alive until systemd aborts it: let them go once it is gone.
+		deadline := time.Now().Add(30 * time.Second)
+		for syscall.Kill(old, 0) == nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("the watchdog did not end corrald (pid %d)", old)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		letGo(0)
 	}
 	c = waitNewMain(t, old)
 	third, err := c.Info(ctx(t))
@@ -230,7 +294,7 @@ func reloadThenCrash(t *testing.T, crash string, before, during int) {
 	if got, _ := strconv.Atoi(prop(t, "NRestarts")); got != restarts+1 {
 		t.Errorf("NRestarts %d after the crash, want %d", got, restarts+1)
 	}
-	if crash == "watchdog" {
+	if crash != "kill-9" {
 		out, _ := exec.Command("journalctl", "-u", "corrald", "--since", first.StartedAt.Format("2006-01-02 15:04:05"), "-o", "cat", "--no-pager").Output()
 		// The private systemd logs to its console, not the journal: the
 		// Go runtime's dump on SIGABRT (which only the watchdog sends)
@@ -240,7 +304,7 @@ func reloadThenCrash(t *testing.T, crash string, before, during int) {
 		}
 	}
 	if third.Adopted != len(all) {
-		t.Errorf("the restarted corrald adopted %d, want all %d (%d started before the reload)", third.Adopted, len(all), before)
+		t.Errorf("the restarted corrald adopted %d, want all %d (%d started before the reload)", third.Adopted, len(all), handedOver)
 	}
 	// The stdin kept open of one still running works after the restart.
 	for i, g := range all {
@@ -257,7 +321,11 @@ func reloadThenCrash(t *testing.T, crash string, before, during int) {
 			t.Fatalf("exec.wait %s: %v (state %v)\n%s", g.id, err, rec.State, journalTail())
 		}
 		if outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != g.code || rec.Adopted < 1 {
-			t.Errorf("%s: outcome %s exit %v adopted %d error %q; want exited %d, adopted", g.id, outcome(rec), rec.ExitCode, rec.Adopted, strOr(rec.Error), g.code)
+			code := -1
+			if rec.ExitCode != nil {
+				code = *rec.ExitCode
+			}
+			t.Errorf("%s: outcome %s exit %d adopted %d error %q; want exited %d, adopted", g.id, outcome(rec), code, rec.Adopted, strOr(rec.Error), g.code)
 		}
 	}
 	l := &load{pids: map[string]int{}, units: map[string]string{}}
@@ -265,5 +333,5 @@ func reloadThenCrash(t *testing.T, crash string, before, during int) {
 		l.pids[g.id], l.units[g.id] = g.pid, g.unit
 	}
 	l.checkGone(t)
-	t.Logf("%d executions (%d before the reload, %d during, 3 after), %d fds in the store at the crash", len(all), before, during, n)
+	t.Logf("%d executions (%d before the reload, %d during, 3 after), %d fds in the store at the crash", len(all), handedOver, during, n)
 }
