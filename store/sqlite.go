@@ -52,6 +52,9 @@ type Stats struct {
 	// Coalesced counts transitions superseded in the queue by a newer one
 	// of the same record (answered at its commit, never written).
 	Coalesced int64
+	// ForcedCheckpoints counts the checkpoints the writer ran itself
+	// because the WAL had grown past its bound (checkpoint.go).
+	ForcedCheckpoints int64
 }
 
 // SQLite is the Store kept in a SQLite database in WAL mode. One writer
@@ -68,6 +71,7 @@ type SQLite struct {
 	wdb  *sql.DB   // owns conn; closed by Close
 	conn *sql.Conn // the write connection; used only by the writer goroutine after Open
 	rdb  *sql.DB   // read pool
+	cdb  *sql.DB   // the checkpointer's connection (checkpoint.go)
 	lock *os.File  // flock on the state directory, held until Close
 
 	stmtInsert, stmtUpdate, stmtState, stmtOutput, stmtSaveOutput *sql.Stmt
@@ -84,6 +88,13 @@ type SQLite struct {
 	health   error
 
 	commits, writes, failures, coalesced atomic.Int64
+
+	ckptWake          chan struct{} // capacity 1
+	ckptStop          chan struct{}
+	ckptDone          chan struct{}
+	walFrames         atomic.Int64 // the WAL's frames at the checkpointer's last look
+	walLimit          int64        // walLimit; set before the first write
+	forcedCheckpoints atomic.Int64
 }
 
 var _ Store = (*SQLite)(nil)
@@ -143,6 +154,10 @@ func OpenOptions(dir string, log zerolog.Logger, o Options) (*SQLite, error) {
 		maxBatch: o.MaxBatch,
 		wake:     make(chan struct{}, 1),
 		pending:  make(map[string]*transitionOp),
+		ckptWake: make(chan struct{}, 1),
+		walLimit: walLimit,
+		ckptStop: make(chan struct{}),
+		ckptDone: make(chan struct{}),
 		stopped:  make(chan struct{}),
 	}
 	if err := s.open(o); err != nil {
@@ -150,6 +165,7 @@ func OpenOptions(dir string, log zerolog.Logger, o Options) (*SQLite, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	go s.writer()
+	go s.checkpointer()
 	log.Info().Str("path", path).Str("synchronous", o.Synchronous).Int("schema", SchemaVersion).Msg("store opened")
 	return s, nil
 }
@@ -161,7 +177,9 @@ func (s *SQLite) open(o Options) error {
 	s.wdb, err = sql.Open("sqlite", s.path+"?"+busy+
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous("+o.Synchronous+")"+
 		// Truncate a WAL grown by a burst back to 64 MiB after checkpoints.
-		"&_pragma=journal_size_limit(67108864)")
+		"&_pragma=journal_size_limit(67108864)"+
+		// No checkpoint inside a COMMIT: see checkpoint.go.
+		"&_pragma=wal_autocheckpoint(0)")
 	if err != nil {
 		return err
 	}
@@ -221,7 +239,15 @@ func (s *SQLite) open(o Options) error {
 	}
 	s.rdb.SetMaxOpenConns(o.ReadConns)
 	s.rdb.SetMaxIdleConns(o.ReadConns)
-	return s.rdb.PingContext(ctx)
+	if err := s.rdb.PingContext(ctx); err != nil {
+		return err
+	}
+	s.cdb, err = sql.Open("sqlite", s.path+"?"+busy)
+	if err != nil {
+		return err
+	}
+	s.cdb.SetMaxOpenConns(1)
+	return s.cdb.PingContext(ctx)
 }
 
 // Path returns the database file.
@@ -229,7 +255,8 @@ func (s *SQLite) Path() string { return s.path }
 
 // Stats returns the writer's counters.
 func (s *SQLite) Stats() Stats {
-	return Stats{Commits: s.commits.Load(), Writes: s.writes.Load(), Failures: s.failures.Load(), Coalesced: s.coalesced.Load()}
+	return Stats{Commits: s.commits.Load(), Writes: s.writes.Load(), Failures: s.failures.Load(), Coalesced: s.coalesced.Load(),
+		ForcedCheckpoints: s.forcedCheckpoints.Load()}
 }
 
 // Health returns nil, or the last write error while no write has succeeded
@@ -265,6 +292,8 @@ func (s *SQLite) Close() error {
 	}
 	s.signal()
 	<-s.stopped
+	close(s.ckptStop)
+	<-s.ckptDone
 	if err := s.closeDBs(); err != nil {
 		return fmt.Errorf("close store %s: %w", s.path, err)
 	}
@@ -287,6 +316,9 @@ func (s *SQLite) closeDBs() error {
 	}
 	if s.rdb != nil {
 		errs = append(errs, s.rdb.Close())
+	}
+	if s.cdb != nil {
+		errs = append(errs, s.cdb.Close())
 	}
 	if s.lock != nil {
 		// Closing the fd drops the flock, after the database is closed.

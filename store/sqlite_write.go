@@ -103,6 +103,7 @@ func (s *SQLite) writer() {
 			continue
 		}
 		s.runBatch(ops)
+		s.afterCommit()
 	}
 }
 

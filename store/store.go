@@ -29,6 +29,10 @@
 //   - Durability: WAL with synchronous=FULL by default, so an acknowledged write
 //     survives a kill -9 and a power loss; group commit makes it one fsync per
 //     batch. SyncNormal survives a kill -9 but not a power loss.
+//   - Checkpoints (copying the WAL into the database) run on a goroutine
+//     and connection of their own beside the writer, not inside its
+//     commits; past walLimit frames the writer checkpoints itself, so the
+//     WAL stays bounded under a writer that never pauses (checkpoint.go).
 //   - One process at a time: Open takes an exclusive flock on
 //     <dir>/corral.lock (dropped by the kernel if the daemon dies), so a
 //     second daemon on the same state directory fails to start instead of
