@@ -247,9 +247,18 @@ func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
 			return nil, fmt.Errorf("shim: release pipe: %w", err)
 		}
 	}
+	runShim(cmd, h)
+	ok = true
+	return h, nil
+}
+
+// runShim points cmd at the shim, with h's files: the running binary (or
+// its pinned copy) as cmd.Path, the shim's argv, its own environment, no
+// directory, and ExtraFiles from childFiles. Wrap and wrapPooled both end
+// with it, once h's config, error pipe and release end are open.
+func runShim(cmd *exec.Cmd, h *Handle) {
 	var bin *os.File
 	cmd.Path, bin = binary()
-	files := childFiles(h.config, h.errW, h.releaseR, bin)
 	cmd.Args = []string{shimArgv0, Arg}
 	// The shim's own environment, never the command's (that is cfg.Env,
 	// passed in the config): one P keeps the held shim at few threads,
@@ -257,9 +266,7 @@ func Wrap(cmd *exec.Cmd, cfg Config) (*Handle, error) {
 	cmd.Env = []string{"GOMAXPROCS=1"}
 	cmd.Dir = ""
 	cmd.Err = nil
-	cmd.ExtraFiles = files
-	ok = true
-	return h, nil
+	cmd.ExtraFiles = childFiles(h.config, h.errW, h.releaseR, bin)
 }
 
 // childFiles is a shim's cmd.ExtraFiles: config, errW, release (or nil:

@@ -62,13 +62,7 @@ func wrapPooled(cmd *exec.Cmd, preNetNS bool) (*Handle, error) {
 	}
 	h.dispatch = os.NewFile(uintptr(sp[0]), "corral-shim-dispatch")
 	h.releaseR = os.NewFile(uintptr(sp[1]), "corral-shim-dispatch-child")
-	var bin *os.File
-	cmd.Path, bin = binary()
-	cmd.Args = []string{shimArgv0, Arg}
-	cmd.Env = []string{"GOMAXPROCS=1"}
-	cmd.Dir = ""
-	cmd.Err = nil
-	cmd.ExtraFiles = childFiles(h.config, h.errW, h.releaseR, bin)
+	runShim(cmd, h)
 	ok = true
 	return h, nil
 }
