@@ -52,8 +52,8 @@ func TestEverySkipGoesThroughTestenv(t *testing.T) {
 
 // TestEveryPackageChecksLeaks: every package with tests has a TestMain that
 // runs them through Main (directly, or inside a harness systemd through
-// harness.RunInside), so that no test package leaks fds or goroutines
-// unseen.
+// harness.RunInside or harness.RunInsideWithBinaries, which ends in it),
+// so that no test package leaks fds or goroutines unseen.
 func TestEveryPackageChecksLeaks(t *testing.T) {
 	root := filepath.Join("..", "..")
 	tests := map[string][]byte{} // directory -> its _test.go files, concatenated
@@ -80,8 +80,8 @@ func TestEveryPackageChecksLeaks(t *testing.T) {
 	for dir, src := range tests {
 		s := string(src)
 		own := filepath.Base(dir) == "testenv" && strings.Contains(s, "os.Exit(Main(m))")
-		if !strings.Contains(s, "func TestMain(") || !(own || strings.Contains(s, "testenv.Main(") || strings.Contains(s, "harness.RunInside(")) {
-			t.Errorf("%s: no TestMain running the tests through testenv.Main or harness.RunInside", dir)
+		if !strings.Contains(s, "func TestMain(") || !(own || strings.Contains(s, "testenv.Main(") || strings.Contains(s, "harness.RunInside(") || strings.Contains(s, "harness.RunInsideWithBinaries(")) {
+			t.Errorf("%s: no TestMain running the tests through testenv.Main, harness.RunInside or harness.RunInsideWithBinaries", dir)
 		}
 	}
 }
