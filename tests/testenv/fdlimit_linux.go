@@ -6,11 +6,14 @@ import (
 )
 
 // LowerFDLimit lowers this process's soft RLIMIT_NOFILE to its lowest free
-// fd number plus spare, so that at most spare more files open (fewer if
-// fds below the limit are closed meanwhile, more are not): every
-// goroutine's open fails with EMFILE alike, as in a daemon out of fds.
-// The caller must call restore (once the fault is over, and before the
-// test ends: the limit is process-wide), which puts the old limit back.
+// fd number plus spare, so that about spare more files open: every
+// goroutine's open fails with EMFILE alike, as in a daemon out of fds. An
+// fd below the limit that another goroutine closes meanwhile is a hole one
+// more open may take. spare 0 sets the limit to 0 instead: no fd can be
+// allocated at all, whatever is closed meanwhile (what a test needs when
+// one open must fail). The caller must call restore (once the fault is
+// over, and before the test ends: the limit is process-wide), which puts
+// the old limit back.
 func LowerFDLimit(spare int) (restore func() error, err error) {
 	var old syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
@@ -23,6 +26,9 @@ func LowerFDLimit(spare int) (restore func() error, err error) {
 	}
 	syscall.Close(free)
 	lim := syscall.Rlimit{Cur: uint64(free + spare), Max: old.Max}
+	if spare == 0 {
+		lim.Cur = 0
+	}
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return nil, fmt.Errorf("set RLIMIT_NOFILE to %d: %w", lim.Cur, err)
 	}

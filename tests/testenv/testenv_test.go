@@ -96,6 +96,32 @@ func TestCheckFindsLeakedGoroutine(t *testing.T) {
 	}
 }
 
+// TestLowerFDLimitZeroHasNoHoles: under LowerFDLimit(0) no fd can be
+// opened even where one below the old limit was just closed (another
+// goroutine's close must not let a test's one failing open succeed).
+func TestLowerFDLimitZeroHasNoHoles(t *testing.T) {
+	hole, err := syscall.Dup(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore, err := LowerFDLimit(0)
+	if err != nil {
+		syscall.Close(hole)
+		t.Fatal(err)
+	}
+	syscall.Close(hole) // a hole below the lowered limit's old lowest free fd
+	fd, derr := syscall.Dup(0)
+	if err := restore(); err != nil {
+		t.Fatal(err)
+	}
+	if derr == nil {
+		syscall.Close(fd)
+	}
+	if !errors.Is(derr, syscall.EMFILE) {
+		t.Errorf("dup under LowerFDLimit(0) after a close = %v (fd %d), want EMFILE", derr, fd)
+	}
+}
+
 func TestLowerFDLimit(t *testing.T) {
 	restore, err := LowerFDLimit(1)
 	if err != nil {
