@@ -107,7 +107,10 @@ func reloadThenCrash(t *testing.T, crash string, restarted bool, before, during 
 	var mu sync.Mutex
 	var all []*gated
 	seq := 0
-	start := func(c *ipc.Client, stdin bool) error {
+	// newGated makes the next execution, start starts it: a retry after
+	// an error (the connection lost in the handover, the answer with it)
+	// uses the same id, so one that did start is not started twice.
+	newGated := func(stdin bool) (*gated, api.StartParams) {
 		mu.Lock()
 		seq++
 		g := &gated{id: fmt.Sprintf("rc-%s-%d-%d", crash, seq, time.Now().UnixNano()), code: 10 + seq%50, fds: 3}
@@ -118,6 +121,9 @@ func reloadThenCrash(t *testing.T, crash string, restarted bool, before, during 
 		if stdin {
 			p.StdinOpen, g.fds = true, 4
 		}
+		return g, p
+	}
+	startIt := func(c *ipc.Client, g *gated, p api.StartParams) error {
 		rec, err := c.Start(ctx(t), p)
 		if err != nil {
 			return err
@@ -130,6 +136,10 @@ func reloadThenCrash(t *testing.T, crash string, restarted bool, before, during 
 		all = append(all, g)
 		mu.Unlock()
 		return nil
+	}
+	start := func(c *ipc.Client, stdin bool) error {
+		g, p := newGated(stdin)
+		return startIt(c, g, p)
 	}
 	t.Cleanup(func() {
 		for _, g := range all {
@@ -193,10 +203,11 @@ func reloadThenCrash(t *testing.T, crash string, restarted bool, before, during 
 	startRetrying := func(stdin bool) {
 		defer wg.Done()
 		deadline := time.Now().Add(60 * time.Second)
+		g, p := newGated(stdin)
 		for {
 			cc, err := ipc.Dial(socket)
 			if err == nil {
-				err = start(cc, stdin)
+				err = startIt(cc, g, p)
 				cc.Close()
 				if err == nil {
 					return
