@@ -365,13 +365,13 @@ func TestReloadChurnThenCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	var (
-		mu   sync.Mutex
-		ids  []string
+		mu  sync.Mutex
+		ids []string
 		// answered: when exec.start was answered, if on the first try.
 		answered = map[string]time.Time{}
-		quit = make(chan struct{})
-		wg   sync.WaitGroup
-		bad  = make(chan error, 16)
+		quit     = make(chan struct{})
+		wg       sync.WaitGroup
+		bad      = make(chan error, 16)
 	)
 	for w := 0; w < 16; w++ {
 		wg.Add(1)
