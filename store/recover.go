@@ -46,7 +46,8 @@ type RecoverOptions struct {
 	// (their children survived the restart).
 	Skip func(api.Record) bool
 	// Why, when set, gives the error text of a lost record (what made
-	// survival impossible) instead of LostError.
+	// survival impossible) instead of LostError. It is given the record
+	// as it was found (its state before it was lost).
 	Why func(api.Record) string
 }
 
@@ -64,9 +65,10 @@ func RecoverWith(s Store, log zerolog.Logger, now time.Time, opts RecoverOptions
 		}
 		from := rec.State
 		if from != api.StateExited {
+			found := rec
 			rec = Lost(rec, now)
 			if opts.Why != nil {
-				if why := opts.Why(rec); why != "" {
+				if why := opts.Why(found); why != "" {
 					rec.Error = &why
 				}
 			}

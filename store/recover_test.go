@@ -104,3 +104,39 @@ func TestStatus(t *testing.T) {
 		t.Errorf("Status(sqlite after failed write) = %q, want degraded: <error>", got)
 	}
 }
+
+// TestRecoverWhySeesTheStateFound: Why is given the record in the state it
+// was found in, so it can tell one lost while starting from one lost while
+// running (before, it saw the lost record, exited: corrald said "while the
+// execution ran" of executions that had never run).
+func TestRecoverWhySeesTheStateFound(t *testing.T) {
+	forEach(t, func(t *testing.T, s Store) {
+		started := newRecord("started", 1000, 0, nil)
+		mustCreate(t, s, started)
+		running := newRecord("running", 1000, 1, nil)
+		running.StartedAt = &running.CreatedAt
+		mustCreate(t, s, running)
+		running.State = api.StateRunning
+		mustTransition(t, s, api.StateStarted, running)
+		why := func(rec api.Record) string { return "was " + rec.State.String() }
+		if _, err := RecoverWith(s, testLogger(t), time.Now(), RecoverOptions{Why: why}, func(api.Record) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		for id, want := range map[string]string{"started": "was started", "running": "was running"} {
+			rec, ok, err := s.Get(id)
+			if err != nil || !ok {
+				t.Fatalf("Get %s: %v %v", id, ok, err)
+			}
+			if got := ptrOr(rec.Error); got != want {
+				t.Errorf("%s: error %q, want %q", id, got, want)
+			}
+		}
+	})
+}
+
+func ptrOr(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}

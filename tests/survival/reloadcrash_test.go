@@ -460,8 +460,12 @@ func TestReloadChurnThenCrash(t *testing.T) {
 		at, ok := answered[id]
 		if outcome(rec) == "lost" && (!ok || !at.Before(killAt)) {
 			// Its exec.start was not answered before the kill (the
-			// drill allows those): counted, not an error.
-			unanswered++
+			// drill allows those): counted, not an error; the first one's
+			// journal is logged.
+			if unanswered++; unanswered == 1 {
+				out, _ := exec.Command("journalctl", "-u", "corrald", "EXEC_ID="+id, "-o", "short-precise", "--no-pager").CombinedOutput()
+				t.Logf("%s, lost (%s); its journal:\n%s", id, strOr(rec.Error), out)
+			}
 			continue
 		}
 		if outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 3 {
