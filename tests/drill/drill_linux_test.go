@@ -59,6 +59,7 @@ type hostEnv struct {
 	runs                     int
 	fdBase                   int
 	fdBaseList               map[string]int
+	poolBase                 int // waiting pool shims at the baseline
 	// metrics is the daemon's --metrics-listen socket ("" when the daemon
 	// has none); goBase its goroutines when idle.
 	metrics string
@@ -128,6 +129,7 @@ func (h *hostEnv) settle(ctx context.Context) {
 	}
 	h.fdBase = prev
 	h.fdBaseList = FDList(h.d.Pid())
+	h.poolBase = PoolIdle(ctx, h.socket)
 	if h.metrics != "" {
 		n, err := Goroutines(ctx, h.metrics)
 		if err != nil {
@@ -155,7 +157,7 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 			for _, e := range ents {
 				left = append(left, "workspace "+e.Name())
 			}
-			if more := FDsAbove(h.d.Pid(), h.fdBaseList, filepath.Join(h.state, store.FileName)); more != "" {
+			if more := FDsAbove(h.d.Pid(), h.fdBaseList, filepath.Join(h.state, store.FileName), PoolIdle(ctx, h.socket)-h.poolBase); more != "" {
 				left = append(left, more)
 			}
 			goLeft := -1

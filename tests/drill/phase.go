@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
 )
 
 // Fault is what one drill phase does to the daemon while the load runs.
@@ -118,10 +119,36 @@ func FDList(pid int) map[string]int {
 	return m
 }
 
+// poolEntryFDs are the daemon's fds of one waiting shim of the warm pool:
+// its control socket, its exec-error pipe, the pidfd os/exec keeps in its
+// Process and the pool's own dup of it.
+var poolEntryFDs = map[string]int{"socket:": 1, "pipe:": 1, "anon_inode:": 2}
+
+// PoolIdle is how many shims wait in the daemon's warm pool (daemon.info
+// pool.idle; 0 without a pool, or when the daemon does not answer). The
+// pool grows with misses under load and steps back only after a quiet
+// while, so a check after the load allows its extra entries' fds.
+func PoolIdle(ctx context.Context, socket string) int {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := ipc.DialContext(ictx, socket)
+	if err != nil {
+		return 0
+	}
+	defer c.Close()
+	info, err := c.Info(ictx)
+	if err != nil || info.Pool == nil {
+		return 0
+	}
+	return info.Pool.Idle
+}
+
 // FDsAbove says which of pid's fds are above the baseline, leaving out the
 // store's (its read pool opens connections as load needs them and keeps a
-// bounded number: at most 16 fds of db files are accepted).
-func FDsAbove(pid int, base map[string]int, dbPrefix string) string {
+// bounded number: at most 16 fds of db files are accepted) and those of
+// poolExtra more waiting shims than at the baseline (each exactly
+// poolEntryFDs).
+func FDsAbove(pid int, base map[string]int, dbPrefix string, poolExtra int) string {
 	var more []string
 	db, n := 0, 0
 	for k, v := range FDList(pid) {
@@ -135,14 +162,18 @@ func FDsAbove(pid int, base map[string]int, dbPrefix string) string {
 			// open to follow GOMAXPROCS, opened after a while.
 			continue
 		}
-		if v > base[k] {
-			more = append(more, fmt.Sprintf("%d× %s", v-base[k], k))
+		allowed := base[k]
+		if poolExtra > 0 {
+			allowed += poolExtra * poolEntryFDs[k]
+		}
+		if v > allowed {
+			more = append(more, fmt.Sprintf("%d× %s", v-allowed, k))
 		}
 	}
 	if len(more) == 0 && db <= 16 {
 		return ""
 	}
-	return fmt.Sprintf("daemon holds %d fds (%d of the store); more than before the load: %s", n, db, strings.Join(more, ", "))
+	return fmt.Sprintf("daemon holds %d fds (%d of the store; %d more waiting pool shims than before, allowed); more than before the load: %s", n, db, max(poolExtra, 0), strings.Join(more, ", "))
 }
 
 // Goroutines scrapes go_goroutines from the daemon's Prometheus endpoint

@@ -58,10 +58,11 @@ func mainPID(t *testing.T) int {
 // env is the systemd drill's view of the daemon: the fd baseline of its
 // idle state and how to find what it left.
 type env struct {
-	t      *testing.T
-	run    string
-	fdBase map[string]int
-	goBase int // -1: the daemon has no metrics endpoint
+	t        *testing.T
+	run      string
+	fdBase   map[string]int
+	poolBase int // waiting pool shims at the baseline
+	goBase   int // -1: the daemon has no metrics endpoint
 }
 
 func (e *env) settle(ctx context.Context) {
@@ -79,6 +80,7 @@ func (e *env) settle(ctx context.Context) {
 	}
 	time.Sleep(time.Second) // the warm pool refills
 	e.fdBase = drill.FDList(mainPID(e.t))
+	e.poolBase = drill.PoolIdle(ctx, socket)
 	e.goBase = -1
 	if _, err := os.Stat(metricsSock); err == nil {
 		n, err := drill.Goroutines(ctx, metricsSock)
@@ -109,7 +111,7 @@ func (e *env) leftovers(ctx context.Context) []string {
 			left = append(left, "workspace "+w.Name())
 		}
 		if pid := mainPID(e.t); pid > 0 {
-			if more := drill.FDsAbove(pid, e.fdBase, filepath.Join(stateDir, store.FileName)); more != "" {
+			if more := drill.FDsAbove(pid, e.fdBase, filepath.Join(stateDir, store.FileName), drill.PoolIdle(ctx, socket)-e.poolBase); more != "" {
 				left = append(left, more)
 			}
 		}
