@@ -377,7 +377,10 @@ func TestReloadChurnThenCrash(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var cc *ipc.Client
+			var (
+				cc  *ipc.Client
+				err error // this client's own: the test's err is shared by all 16
+			)
 			defer func() {
 				if cc != nil {
 					cc.Close()
