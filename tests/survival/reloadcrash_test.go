@@ -225,19 +225,7 @@ func reloadThenCrash(t *testing.T, crash string, restarted bool, before, during 
 		wg.Add(1)
 		go startRetrying(i%4 == 0)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	var second api.Info
-	for {
-		c = dial(t)
-		second, err = c.Info(ctx(t))
-		if err == nil && second.StartedAt.After(first.StartedAt) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no new image after the reload: %v\n%s", err, journalTail())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	c, second := waitNewImage(t, first.StartedAt, 30*time.Second)
 	if second.PID != first.PID {
 		t.Fatalf("the reload did not hand over in place: pid %d, was %d", second.PID, first.PID)
 	}
@@ -425,19 +413,7 @@ func TestReloadChurnThenCrash(t *testing.T) {
 		}()
 	}
 	time.Sleep(time.Second)
-	harness.Sh(t, "systemctl", "reload", "corrald.service")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c = dial(t)
-		info, err := c.Info(ctx(t))
-		if err == nil && info.StartedAt.After(first.StartedAt) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no new image after the reload: %v\n%s", err, journalTail())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	reloadAndWait(t, first.StartedAt, 30*time.Second)
 	time.Sleep(time.Second)
 	old := mainPID(t)
 	killAt := time.Now()
@@ -482,7 +458,7 @@ func TestReloadChurnThenCrash(t *testing.T) {
 		t.Errorf("%d of %d executions whose exec.start was answered before the kill did not end exited 3", lost, len(ids))
 	}
 	t.Logf("%d executions through the reload and the kill -9; the restarted corrald adopted %d; %d lost whose exec.start was not answered before the kill", len(ids), third.Adopted, unanswered)
-	deadline = time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for prop(t, "NFileDescriptorStore") != "0" {
 		if time.Now().After(deadline) {
 			t.Errorf("fd store holds %s fds after every execution was cleaned", prop(t, "NFileDescriptorStore"))

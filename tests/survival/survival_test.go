@@ -456,6 +456,34 @@ func waitNewMain(t *testing.T, old int) *ipc.Client {
 	return dial(t)
 }
 
+// reloadAndWait reloads corrald.service (the handover: the running corrald
+// execs its new image in place) and waits as waitNewImage does.
+func reloadAndWait(t *testing.T, since time.Time, within time.Duration) (*ipc.Client, api.Info) {
+	t.Helper()
+	harness.Sh(t, "systemctl", "reload", "corrald.service")
+	return waitNewImage(t, since, within)
+}
+
+// waitNewImage waits up to within until corrald answers daemon.info from an
+// image started after since (the one a reload handed over to), dialing
+// afresh each try, and returns that connection and its answer; it fails
+// the test, with the journal's tail, if no new image answers by then.
+func waitNewImage(t *testing.T, since time.Time, within time.Duration) (*ipc.Client, api.Info) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		c := dial(t)
+		info, err := c.Info(ctx(t))
+		if err == nil && info.StartedAt.After(since) {
+			return c, info
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new image after the reload: %+v %v\n%s", info, err, journalTail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestSurviveKill9: the 20 across a kill -9 of corrald; systemd restarts
 // it and the fd store brings every execution back.
 func TestSurviveKill9(t *testing.T) {
@@ -508,23 +536,9 @@ func TestSurviveReload(t *testing.T) {
 	go follow(t, l.seq, followed)
 	time.Sleep(700 * time.Millisecond)
 	stop := dialLoop()
-	harness.Sh(t, "systemctl", "reload", "corrald.service")
-	c = dial(t)
-	deadline := time.Now().Add(20 * time.Second)
-	var info api.Info
-	for {
-		info, err = c.Info(ctx(t))
-		if err == nil && info.StartedAt.After(before.StartedAt) {
-			if info.PID != before.PID {
-				t.Errorf("after the reload: pid %d, want the same pid %d (in-place exec)", info.PID, before.PID)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no new image after the reload: %+v %v\n%s", info, err, journalTail())
-		}
-		c = dial(t)
-		time.Sleep(20 * time.Millisecond)
+	c, info := reloadAndWait(t, before.StartedAt, 20*time.Second)
+	if info.PID != before.PID {
+		t.Errorf("after the reload: pid %d, want the same pid %d (in-place exec)", info.PID, before.PID)
 	}
 	time.Sleep(200 * time.Millisecond)
 	tries, refused := stop()

@@ -46,19 +46,7 @@ func TestReloadFeedsWatchdog(t *testing.T) {
 		t.Fatal(err)
 	}
 	reloadAt := uint64(ts.Nano() / 1000)
-	harness.Sh(t, "systemctl", "reload", "corrald.service")
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c = dial(t)
-		info, err := c.Info(ctx(t))
-		if err == nil && info.StartedAt.After(before.StartedAt) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no new image after the reload: %v\n%s", err, journalTail())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	reloadAndWait(t, before.StartedAt, 20*time.Second)
 	last, _ := strconv.ParseUint(prop(t, "WatchdogTimestampMonotonic"), 10, 64)
 	if last < reloadAt {
 		t.Errorf("systemd's last watchdog ping is %.1fs before the reload (WatchdogTimestampMonotonic %d, reload at %d): no ping across the handover",
