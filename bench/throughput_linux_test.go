@@ -355,14 +355,7 @@ func epollDrain(t *testing.T, argv []string) time.Duration {
 		w.Close()
 		t.Fatalf("epoll_ctl: %v", err)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout = w
-	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		t.Fatalf("start %v: %v", argv, err)
-	}
-	w.Close()
+	wr := startWriter(t, argv, w)
 	buf := make([]byte, 1<<20)
 	evs := make([]unix.EpollEvent, 16)
 	var total int64
@@ -371,9 +364,7 @@ func epollDrain(t *testing.T, argv []string) time.Duration {
 			if err == unix.EINTR {
 				continue
 			}
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("epoll_wait: %v", err)
+			wr.fatal(t, "epoll_wait: %v", err)
 		}
 		for i := 0; i < 4; i++ {
 			n, err := unix.Read(rfd, buf)
@@ -391,18 +382,13 @@ func epollDrain(t *testing.T, argv []string) time.Duration {
 				continue
 			}
 			if err != nil {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-				t.Fatalf("read: %v", err)
+				wr.fatal(t, "read: %v", err)
 			}
 			eof = true
 			break
 		}
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("%v: %v", argv, err)
-	}
-	el := time.Since(t0)
+	el := wr.wait(t)
 	if total != drainBytes {
 		t.Fatalf("epoll loop read %d bytes, want %d", total, drainBytes)
 	}
@@ -424,14 +410,7 @@ func spliceDrain(t *testing.T, argv []string) time.Duration {
 		t.Fatal(err)
 	}
 	defer null.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout = w
-	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		t.Fatalf("start %v: %v", argv, err)
-	}
-	w.Close()
+	wr := startWriter(t, argv, w)
 	rfd, nfd := int(r.Fd()), int(null.Fd()) // Fd leaves them blocking
 	var total int64
 	for {
@@ -440,23 +419,61 @@ func spliceDrain(t *testing.T, argv []string) time.Duration {
 			continue
 		}
 		if err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("splice: %v", err)
+			wr.fatal(t, "splice: %v", err)
 		}
 		if n == 0 {
 			break
 		}
 		total += n
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("%v: %v", argv, err)
-	}
-	el := time.Since(t0)
+	el := wr.wait(t)
 	if total != drainBytes {
 		t.Fatalf("spliced %d bytes, want %d", total, drainBytes)
 	}
 	return el
+}
+
+// drainWriter is argv writing to a drain pipe: started by startWriter, it
+// is reaped by wait once its reader has seen EOF, or by fatal.
+type drainWriter struct {
+	argv []string
+	cmd  *exec.Cmd
+	t0   time.Time // just before the start: the side's clock
+}
+
+// startWriter starts argv with stdout on w and closes w, so that the
+// child holds the pipe's only write end and its reader sees EOF when the
+// child exits; it fails the test (w closed) if argv does not start.
+func startWriter(t *testing.T, argv []string, w *os.File) *drainWriter {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout = w
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		t.Fatalf("start %v: %v", argv, err)
+	}
+	w.Close()
+	return &drainWriter{argv: argv, cmd: cmd, t0: t0}
+}
+
+// wait reaps the writer, failing the test unless it exited 0, and returns
+// the time since it was started.
+func (d *drainWriter) wait(t *testing.T) time.Duration {
+	t.Helper()
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("%v: %v", d.argv, err)
+	}
+	return time.Since(d.t0)
+}
+
+// fatal kills and reaps the writer, then fails the test: its reader broke
+// off before EOF.
+func (d *drainWriter) fatal(t *testing.T, format string, args ...any) {
+	t.Helper()
+	_ = d.cmd.Process.Kill()
+	_ = d.cmd.Wait()
+	t.Fatalf(format, args...)
 }
 
 // countWriter counts what is written to it and keeps nothing.
