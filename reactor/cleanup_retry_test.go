@@ -129,6 +129,25 @@ func cleanupBackends(t *testing.T) map[string]func(t *testing.T) (scope.Backend,
 	}
 }
 
+// faultyReactor is a test reactor on newBackend's backend wrapped in a
+// faultyBackend, with mod (if not nil) applied to its Config after the
+// backend is set. arm sets the faults before the reactor starts, so its
+// first call already meets them. It returns the reactor, the faulty
+// backend and the backend's base (as newBackend gave it).
+func faultyReactor(t *testing.T, newBackend func(*testing.T) (scope.Backend, string), arm func(*faultyBackend), mod func(*Config)) (*testReactor, *faultyBackend, string) {
+	t.Helper()
+	be, base := newBackend(t)
+	b := &faultyBackend{Backend: be}
+	arm(b)
+	tr := newTestReactor(t, func(c *Config) {
+		c.Backend = b
+		if mod != nil {
+			mod(c)
+		}
+	})
+	return tr, b, base
+}
+
 // strictCgroupBackend is a cgroup backend under a strict base (the test
 // fails on any cgroup or process left in it), closed by the test's
 // cleanup, and that base.
@@ -176,10 +195,7 @@ func TestCleanupRetriesFailedKill(t *testing.T) {
 	for name, newBackend := range cleanupBackends(t) {
 		t.Run(name, func(t *testing.T) {
 			t.Run("once", func(t *testing.T) {
-				be, base := newBackend(t)
-				b := &faultyBackend{Backend: be}
-				b.killFails.Store(1)
-				tr := newTestReactor(t, func(c *Config) { c.Backend = b })
+				tr, b, base := faultyReactor(t, newBackend, func(b *faultyBackend) { b.killFails.Store(1) }, nil)
 				rec := tr.run(api.StartParams{Argv: backgroundSleep})
 				checkCleanedAfterKill(t, tr, b, base, rec, time.Time{})
 				if n := b.kills.Load(); n < 2 {
@@ -190,10 +206,7 @@ func TestCleanupRetriesFailedKill(t *testing.T) {
 				// No stand-in: the backend's own cgroup.kill write
 				// (and its freeze-and-signal fallback) at the fd limit.
 				t.Run("at the fd limit", func(t *testing.T) {
-					be, base := newBackend(t)
-					b := &faultyBackend{Backend: be}
-					b.realFails.Store(1)
-					tr := newTestReactor(t, func(c *Config) { c.Backend = b })
+					tr, b, base := faultyReactor(t, newBackend, func(b *faultyBackend) { b.realFails.Store(1) }, nil)
 					rec := tr.run(api.StartParams{Argv: backgroundSleep})
 					if err, _ := b.realErr.Load().(error); !errors.Is(err, unix.EMFILE) {
 						t.Fatalf("%v; want EMFILE (the test's premise)", err)
@@ -202,11 +215,9 @@ func TestCleanupRetriesFailedKill(t *testing.T) {
 				})
 			}
 			t.Run("longer than kill-wait", func(t *testing.T) {
-				be, base := newBackend(t)
-				b := &faultyBackend{Backend: be}
-				b.killFault.Store(true)
 				const killWait = 200 * time.Millisecond
-				tr := newTestReactor(t, func(c *Config) { c.Backend = b; c.KillWait = killWait })
+				tr, b, base := faultyReactor(t, newBackend, func(b *faultyBackend) { b.killFault.Store(true) },
+					func(c *Config) { c.KillWait = killWait })
 				st := tr.start(api.StartParams{Argv: backgroundSleep})
 				// Exited at once; the scope still holds the child. Hold
 				// the fault for five times --kill-wait.
@@ -240,10 +251,7 @@ func TestCleanupRetriesFailedRemove(t *testing.T) {
 	testenv.CheckFDs(t)
 	for name, newBackend := range cleanupBackends(t) {
 		t.Run(name, func(t *testing.T) {
-			be, base := newBackend(t)
-			b := &faultyBackend{Backend: be}
-			b.removeFails.Store(1)
-			tr := newTestReactor(t, func(c *Config) { c.Backend = b })
+			tr, b, base := faultyReactor(t, newBackend, func(b *faultyBackend) { b.removeFails.Store(1) }, nil)
 			rec := tr.run(api.StartParams{Argv: backgroundSleep})
 			checkCleanedAfterKill(t, tr, b, base, rec, time.Time{})
 			if n := b.removes.Load(); n != 2 {
