@@ -281,8 +281,8 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 	}
 	r.armDeadline(e)
 	r.armIdle(e)
-	if e.params.CPUMS > 0 || e.params.MemoryBytes > 0 {
-		r.armSampler(e)
+	if needsSampler(e) {
+		r.armSampler(e, 0)
 	}
 }
 

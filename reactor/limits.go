@@ -7,15 +7,32 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/scope"
 )
 
-// armSampler samples the tree's cgroup every SampleInterval to enforce
-// cpu_ms and notice OOM kills while the main process still runs.
-func (r *Reactor) armSampler(e *execution) {
-	e.sampler = r.loop.AfterFunc(r.cfg.SampleInterval, func() {
+// The sampler reads the tree's counters while it runs: to enforce cpu_ms
+// and notice OOM kills every SampleInterval, and, for any execution with a
+// scope, to keep its usage. Readings start soon after the start and space
+// out (firstSample, then 4x longer each, up to the cap): under systemd a
+// tree that ends as a whole (a terminal's hang-up kills a shell's
+// background jobs with it; a short fork burst) has its cgroup pruned within
+// milliseconds of emptying, before the reaped main process reaches
+// toExited's final reading, and a peak the kernel kept (pids.peak,
+// memory.peak) is lost unless an earlier reading took it.
+const (
+	firstSample = 5 * time.Millisecond
+	// usageSampleCap spaces the readings of an execution without cpu_ms
+	// or memory_bytes: they only keep its usage, so a long-running tree
+	// costs one reading a second.
+	usageSampleCap = time.Second
+)
+
+// armSampler arms e's next reading; n readings were taken so far.
+func (r *Reactor) armSampler(e *execution, n int) {
+	e.sampler = r.loop.AfterFunc(r.sampleDelay(e, n), func() {
 		e.sampler = nil
 		if e.state != api.StateRunning && e.state != api.StateCanceling {
 			return
@@ -29,9 +46,30 @@ func (r *Reactor) armSampler(e *execution) {
 			r.toCanceling(e, cancelRequest{why: api.OutcomeCPULimit, hard: true})
 		}
 		if !e.ending() {
-			r.armSampler(e)
+			r.armSampler(e, n+1)
 		}
 	})
+}
+
+// sampleDelay is how long after the n-th reading the next one comes.
+func (r *Reactor) sampleDelay(e *execution, n int) time.Duration {
+	limit := max(r.cfg.SampleInterval, usageSampleCap)
+	if e.params.CPUMS > 0 || e.params.MemoryBytes > 0 {
+		limit = r.cfg.SampleInterval
+	}
+	d := firstSample
+	for range n {
+		if d >= limit {
+			break
+		}
+		d *= 4
+	}
+	return min(d, limit)
+}
+
+// needsSampler reports whether e's tree has counters to read while it runs.
+func needsSampler(e *execution) bool {
+	return e.sc != nil || e.params.CPUMS > 0 || e.params.MemoryBytes > 0
 }
 
 // stats reads the scope's counters, falling back to /proc for the main

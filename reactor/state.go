@@ -153,8 +153,8 @@ func (r *Reactor) toRunning(e *execution) {
 	}
 	r.armDeadline(e)
 	r.armIdle(e)
-	if e.params.CPUMS > 0 || e.params.MemoryBytes > 0 {
-		r.armSampler(e)
+	if needsSampler(e) {
+		r.armSampler(e, 0)
 	}
 	r.audit(e, "running").Int("pid", e.proc.Pid).Time("deadline", e.deadline).Msg("execution running")
 	r.commit(e)
