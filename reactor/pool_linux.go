@@ -151,10 +151,7 @@ func (p *pool) run() {
 		}
 		select {
 		case <-p.stop:
-			p.mu.Lock()
-			p.stopping = true
-			p.mu.Unlock()
-			p.creates.Wait()
+			p.stopCreates()
 			return
 		case <-p.wake:
 			// A take just handed a shim its command: creating the next
@@ -167,10 +164,7 @@ func (p *pool) run() {
 			if above {
 				select {
 				case <-p.stop:
-					p.mu.Lock()
-					p.stopping = true
-					p.mu.Unlock()
-					p.creates.Wait()
+					p.stopCreates()
 					return
 				case <-time.After(refillDelay):
 				}
@@ -182,6 +176,16 @@ func (p *pool) run() {
 			p.shrink()
 		}
 	}
+}
+
+// stopCreates is the run goroutine's end: fill starts no more create
+// goroutines, those running discard what they make instead of keeping it,
+// and it returns once they have all finished.
+func (p *pool) stopCreates() {
+	p.mu.Lock()
+	p.stopping = true
+	p.mu.Unlock()
+	p.creates.Wait()
 }
 
 // fill starts create goroutines while the idle and in-flight entries are
