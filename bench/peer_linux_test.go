@@ -12,17 +12,70 @@ import (
 	"time"
 )
 
+// peer is a long-lived helper process driven one command a line on its
+// stdin, answering each with one line on its stdout. Owned by the test
+// goroutine that started it (startPeer); stopped by a t.Cleanup.
+type peer struct {
+	name  string // "python peer", "spawn peer": for messages
+	in    io.WriteCloser
+	lines *bufio.Scanner
+}
+
+// startPeer starts cmd as the peer called name, its stderr on ours, and
+// stops it at the test's cleanup: "quit", stdin closed, then up to 30s for
+// it to exit before it is killed; an exit other than 0, or the kill, is
+// an error of the test.
+func startPeer(t *testing.T, name string, cmd *exec.Cmd) *peer {
+	t.Helper()
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_, _ = io.WriteString(in, "quit\n")
+		in.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("%s did not quit within 30s; killed", name)
+		}
+	})
+	return &peer{name: name, in: in, lines: bufio.NewScanner(out)}
+}
+
+// ask sends one command and returns the peer's answer line.
+func (p *peer) ask(t *testing.T, command string) string {
+	t.Helper()
+	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
+		t.Fatalf("%s %q: %v", p.name, command, err)
+	}
+	if !p.lines.Scan() {
+		t.Fatalf("%s %q: no answer: %v", p.name, command, p.lines.Err())
+	}
+	return p.lines.Text()
+}
+
 // pyPeerScript is the seed article's asyncio run_limited, driven one command
 // per line (see the script's doc string).
 const pyPeerScript = "testdata/run_limited_peer.py"
 
-// pyPeer is one python3 process running pyPeerScript. Owned by the test
-// goroutine that started it; stopped by a t.Cleanup.
-type pyPeer struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines *bufio.Scanner
-}
+// pyPeer is one python3 process running pyPeerScript (a peer).
+type pyPeer struct{ *peer }
 
 // pyResult is the peer's answer to one command.
 type pyResult struct {
@@ -48,50 +101,16 @@ func startPyPeer(t *testing.T) (*pyPeer, string) {
 	cmd := exec.Command(py, script)
 	// The peer's children inherit its environment, so they carry the mark.
 	cmd.Env = append(os.Environ(), markEnv+"="+markValue()+"-python")
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start python peer: %v", err)
-	}
-	p := &pyPeer{cmd: cmd, in: in, lines: bufio.NewScanner(out)}
-	t.Cleanup(func() {
-		_, _ = io.WriteString(in, "quit\n")
-		in.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("python peer: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Errorf("python peer did not quit within 30s; killed")
-		}
-	})
-	return p, ""
+	return &pyPeer{startPeer(t, "python peer", cmd)}, ""
 }
 
 // do sends one command and returns the peer's answer.
 func (p *pyPeer) do(t *testing.T, command string) pyResult {
 	t.Helper()
-	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
-		t.Fatalf("python peer %q: %v", command, err)
-	}
-	if !p.lines.Scan() {
-		t.Fatalf("python peer %q: no answer: %v", command, p.lines.Err())
-	}
+	line := p.ask(t, command)
 	var r pyResult
-	if err := json.Unmarshal(p.lines.Bytes(), &r); err != nil {
-		t.Fatalf("python peer %q: answer %q: %v", command, p.lines.Text(), err)
+	if err := json.Unmarshal([]byte(line), &r); err != nil {
+		t.Fatalf("python peer %q: answer %q: %v", command, line, err)
 	}
 	if r.Error != "" {
 		t.Fatalf("python peer %q: %s", command, r.Error)
@@ -125,12 +144,8 @@ func (p *pyPeer) drain(t *testing.T, n int64) time.Duration {
 // in a long-lived C process (see its comment).
 const spawnPeerSource = "testdata/spawn_peer.c"
 
-// spawnPeer is one running spawn_peer. Owned by the test goroutine that
-// started it; stopped by a t.Cleanup.
-type spawnPeer struct {
-	in    io.WriteCloser
-	lines *bufio.Scanner
-}
+// spawnPeer is one running spawn_peer (a peer).
+type spawnPeer struct{ *peer }
 
 // startSpawnPeer compiles spawn_peer.c with the C compiler (cc) and starts
 // it, or returns nil with the reason when there is no compiler.
@@ -150,35 +165,7 @@ func startSpawnPeer(t *testing.T) (*spawnPeer, string) {
 	}
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), markEnv+"="+markValue()+"-spawn")
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start spawn peer: %v", err)
-	}
-	t.Cleanup(func() {
-		_, _ = io.WriteString(in, "quit\n")
-		in.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("spawn peer: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Errorf("spawn peer did not quit within 30s; killed")
-		}
-	})
-	return &spawnPeer{in: in, lines: bufio.NewScanner(out)}, ""
+	return &spawnPeer{startPeer(t, "spawn peer", cmd)}, ""
 }
 
 // runTrue is one posix_spawn + waitpid of /bin/true in the peer; the time
@@ -197,18 +184,15 @@ func (p *spawnPeer) runKernel(t *testing.T, cgBase, workDir string) time.Duratio
 	return p.do(t, "kernel "+cgBase+" "+workDir)
 }
 
+// do sends one command and returns the time the peer answered with, which
+// must come with exit status 0.
 func (p *spawnPeer) do(t *testing.T, command string) time.Duration {
 	t.Helper()
-	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
-		t.Fatalf("spawn peer: %v", err)
-	}
-	if !p.lines.Scan() {
-		t.Fatalf("spawn peer: no answer: %v", p.lines.Err())
-	}
+	line := p.ask(t, command)
 	var ns int64
 	var code int
-	if _, err := fmt.Sscanf(p.lines.Text(), "%d %d", &ns, &code); err != nil || code != 0 {
-		t.Fatalf("spawn peer %q: answer %q (%v), want a time and exit status 0", command, p.lines.Text(), err)
+	if _, err := fmt.Sscanf(line, "%d %d", &ns, &code); err != nil || code != 0 {
+		t.Fatalf("spawn peer %q: answer %q (%v), want a time and exit status 0", command, line, err)
 	}
 	return time.Duration(ns)
 }
