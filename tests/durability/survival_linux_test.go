@@ -1,14 +1,10 @@
 package durability
 
 import (
-	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -61,7 +57,7 @@ func testHandover(t *testing.T, backend string) {
 	}
 	time.Sleep(300 * time.Millisecond)
 
-	refused := dialLoop(t, d.Socket)
+	stop := testd.DialLoop(t, d.Socket)
 	if err := d.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +75,7 @@ func testHandover(t *testing.T, backend string) {
 	if info.PID != before.PID || info.Adopted != 4 {
 		t.Errorf("after the handover: pid %d (was %d), adopted %d; want the same pid, adopted 4", info.PID, before.PID, info.Adopted)
 	}
-	if n := refused(); n > 0 {
+	if _, n := stop(); n > 0 {
 		t.Errorf("%d connection attempts refused during the handover", n)
 	}
 	c = d.Client()
@@ -219,41 +215,6 @@ func TestTwoDaemonsOneCgroupBase(t *testing.T) {
 	if err != nil || info.Pool == nil || info.Pool.Idle != 2 {
 		t.Errorf("first daemon's pool after the second one: %+v, %v; want 2 idle", info.Pool, err)
 	}
-}
-
-// dialLoop dials socket every millisecond until the returned function is
-// called, which reports how many attempts were refused.
-func dialLoop(t *testing.T, socket string) func() int {
-	var refused atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			conn, err := net.Dial("unix", socket)
-			if err != nil {
-				if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
-					refused.Add(1)
-				}
-			} else {
-				conn.Close()
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
-	var once sync.Once
-	f := func() int {
-		once.Do(func() { close(stop); wg.Wait() })
-		return int(refused.Load())
-	}
-	t.Cleanup(func() { f() })
-	return f
 }
 
 func copyFile(t *testing.T, from, to string) {

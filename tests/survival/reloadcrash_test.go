@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/harness"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 // TestReloadThenCrash: a crash of the image a reload handed over to must
@@ -299,7 +300,7 @@ func reloadThenCrash(t *testing.T, crash string, restarted bool, before, during 
 		// Go runtime's dump on SIGABRT (which only the watchdog sends)
 		// says what ended it.
 		if !strings.Contains(string(out), "SIGABRT: abort") {
-			t.Errorf("no \"SIGABRT: abort\" in corrald's journal: the crash was not the watchdog's\n%s", testTail(string(out), 3000))
+			t.Errorf("no \"SIGABRT: abort\" in corrald's journal: the crash was not the watchdog's\n%s", testd.Tail(string(out), 3000))
 		}
 	}
 	if third.Adopted != len(all) {

@@ -9,16 +9,13 @@ package survival
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/harness"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 const (
@@ -408,40 +406,6 @@ func follow(t *testing.T, id string, done chan<- []byte) {
 	}
 }
 
-// dialLoop dials the socket every millisecond until stopped; it reports
-// the attempts and how many were refused.
-func dialLoop() (stop func() (tries, refused int)) {
-	var tries, refused atomic.Int64
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-quit:
-				return
-			default:
-			}
-			tries.Add(1)
-			conn, err := net.Dial("unix", socket)
-			if err != nil {
-				if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
-					refused.Add(1)
-				}
-			} else {
-				conn.Close()
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
-	return func() (int, int) {
-		close(quit)
-		wg.Wait()
-		return int(tries.Load()), int(refused.Load())
-	}
-}
-
 // waitNewMain waits until corrald's main pid differs from old and it
 // answers.
 func waitNewMain(t *testing.T, old int) *ipc.Client {
@@ -535,7 +499,7 @@ func TestSurviveReload(t *testing.T) {
 	followed := make(chan []byte, 1)
 	go follow(t, l.seq, followed)
 	time.Sleep(700 * time.Millisecond)
-	stop := dialLoop()
+	stop := testd.DialLoop(t, socket)
 	c, info := reloadAndWait(t, before.StartedAt, 20*time.Second)
 	if info.PID != before.PID {
 		t.Errorf("after the reload: pid %d, want the same pid %d (in-place exec)", info.PID, before.PID)
@@ -669,7 +633,7 @@ func TestSecondDaemonOnTheSlice(t *testing.T) {
 		t.Fatalf("a second corrald on corral.slice started:\n%s", out)
 	}
 	if !strings.Contains(string(out), "corral.slice") || !strings.Contains(string(out), "in use by another corrald") {
-		t.Errorf("second corrald's error does not name the slice in use:\n%s", testTail(string(out), 2000))
+		t.Errorf("second corrald's error does not name the slice in use:\n%s", testd.Tail(string(out), 2000))
 	}
 	got, err := c.Get(ctx(t), rec.ID)
 	if err != nil || got.State != api.StateRunning {
@@ -685,11 +649,4 @@ func TestSecondDaemonOnTheSlice(t *testing.T) {
 	if _, err := c.Wait(ctx(t), api.WaitParams{ID: rec.ID}); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func testTail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }

@@ -5,7 +5,9 @@
 // accepts, shows the tail of the daemon's log when the test fails, stops the
 // daemon (SIGTERM, then SIGKILL) and checks that nothing is left behind:
 // no daemon still running, no cgroup (tests/testenv checks the fds and
-// goroutines of the test process).
+// goroutines of the test process). DialLoop counts the connections a
+// daemon refuses while it hands its socket over (also used by
+// tests/survival, whose daemon is systemd's).
 //
 // Typical use:
 //
