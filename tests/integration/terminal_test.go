@@ -65,6 +65,46 @@ func (tm *tmux) waitFor(want string, n int) string {
 	}
 }
 
+// runCorralctl starts, in a new tmux session "t" of x columns and y rows,
+// a shell that saves its terminal's modes (stty -g) to dir/before, runs
+// `corralctl run <args>` against d, prints "EXIT=<its status>", saves the
+// modes again to dir/after and sleeps; it returns dir (the test's own).
+func (tm *tmux) runCorralctl(d *daemon, x, y int, args string) (dir string) {
+	tm.t.Helper()
+	dir = tm.t.TempDir()
+	script := fmt.Sprintf(`stty -g > %[1]s/before
+CORRAL_SOCKET=%[2]s %[3]s run %[4]s
+echo "EXIT=$?"
+stty -g > %[1]s/after
+exec sleep 600
+`, dir, d.Socket, filepath.Join(binDir, "corralctl"), args)
+	if err := os.WriteFile(filepath.Join(dir, "outer.sh"), []byte(script), 0o755); err != nil {
+		tm.t.Fatal(err)
+	}
+	tm.run("new-session", "-d", "-s", "t", "-x", strconv.Itoa(x), "-y", strconv.Itoa(y), "sh "+filepath.Join(dir, "outer.sh"))
+	return dir
+}
+
+// modesRestored waits up to 10s for runCorralctl's dir/after and fails the
+// test unless the terminal's modes there are those of dir/before (when
+// says at what point, "after corralctl").
+func modesRestored(t *testing.T, dir, when string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	var before, after []byte
+	for {
+		before, _ = os.ReadFile(filepath.Join(dir, "before"))
+		after, _ = os.ReadFile(filepath.Join(dir, "after"))
+		if len(after) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(before) == 0 || string(before) != string(after) {
+		t.Fatalf("terminal modes %s = %q, want as before %q", when, after, before)
+	}
+}
+
 // `corralctl run -it -- sh` in a real terminal (tmux): the command's prompt
 // appears, typed keys are echoed and run, a window resize reaches the
 // command's terminal, Ctrl-C interrupts the command's foreground job (it is
@@ -73,17 +113,7 @@ func (tm *tmux) waitFor(want string, n int) string {
 func TestRunInteractiveInTmux(t *testing.T) {
 	d := startDaemon(t, "--scope", "pgroup")
 	tm := newTmux(t)
-	dir := t.TempDir()
-	script := fmt.Sprintf(`stty -g > %[1]s/before
-CORRAL_SOCKET=%[2]s %[3]s run -it --env PS1='corral$ ' -- sh
-echo "EXIT=$?"
-stty -g > %[1]s/after
-exec sleep 600
-`, dir, d.Socket, filepath.Join(binDir, "corralctl"))
-	if err := os.WriteFile(filepath.Join(dir, "outer.sh"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tm.run("new-session", "-d", "-s", "t", "-x", "100", "-y", "30", "sh "+filepath.Join(dir, "outer.sh"))
+	dir := tm.runCorralctl(d, 100, 30, `-it --env PS1='corral$ ' -- sh`)
 	tm.waitFor("corral$", 1)
 
 	tm.run("send-keys", "-t", "t", "echo $((6*7))", "Enter")
@@ -122,19 +152,7 @@ exec sleep 600
 
 	tm.run("send-keys", "-t", "t", "exit 0", "Enter")
 	tm.waitFor("EXIT=0", 1)
-	deadline = time.Now().Add(10 * time.Second)
-	var before, after []byte
-	for {
-		before, _ = os.ReadFile(filepath.Join(dir, "before"))
-		after, _ = os.ReadFile(filepath.Join(dir, "after"))
-		if len(after) > 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if len(before) == 0 || string(before) != string(after) {
-		t.Fatalf("terminal modes after corralctl = %q, want as before %q", after, before)
-	}
+	modesRestored(t, dir, "after corralctl")
 }
 
 // A signal to corralctl while it holds its terminal in raw mode: the
@@ -143,18 +161,8 @@ exec sleep 600
 func TestRunInteractiveRestoresModesOnSignal(t *testing.T) {
 	d := startDaemon(t, "--scope", "pgroup")
 	tm := newTmux(t)
-	dir := t.TempDir()
 	marker := fmt.Sprintf("MARK=%d", time.Now().UnixNano())
-	script := fmt.Sprintf(`stty -g > %[1]s/before
-CORRAL_SOCKET=%[2]s %[3]s run -it --env %[4]s -- sh -c 'echo started; sleep 100'
-echo "EXIT=$?"
-stty -g > %[1]s/after
-exec sleep 600
-`, dir, d.Socket, filepath.Join(binDir, "corralctl"), marker)
-	if err := os.WriteFile(filepath.Join(dir, "outer.sh"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tm.run("new-session", "-d", "-s", "t", "-x", "80", "-y", "24", "sh "+filepath.Join(dir, "outer.sh"))
+	dir := tm.runCorralctl(d, 80, 24, "-it --env "+marker+" -- sh -c 'echo started; sleep 100'")
 	tm.waitFor("started", 1)
 	pid := pidWithArg(t, marker)
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
@@ -164,19 +172,7 @@ exec sleep 600
 	if !strings.Contains(s, "EXIT=143") {
 		t.Errorf("corralctl after SIGTERM (cancelled sleep): want EXIT=143 (128+SIGTERM):\n%s", s)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	var before, after []byte
-	for {
-		before, _ = os.ReadFile(filepath.Join(dir, "before"))
-		after, _ = os.ReadFile(filepath.Join(dir, "after"))
-		if len(after) > 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if len(before) == 0 || string(before) != string(after) {
-		t.Fatalf("terminal modes after a signalled corralctl = %q, want as before %q", after, before)
-	}
+	modesRestored(t, dir, "after a signalled corralctl")
 }
 
 // pidWithArg finds the process whose command line has the argument arg.
