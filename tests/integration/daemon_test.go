@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/testd"
 
 	"github.com/corral-dev/corral/tests/testenv"
@@ -91,6 +92,32 @@ func (d *daemon) rss() int64 {
 		}
 	}
 	return 0
+}
+
+// waitPeakRSS waits (exec.wait on c) for execution id while it samples the
+// daemon's RSS every 20ms until the execution is cleaned; it returns the
+// record and the highest RSS sampled.
+func (d *daemon) waitPeakRSS(c *ipc.Client, id string) (api.Record, int64) {
+	d.t.Helper()
+	var peak int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			r, err := c.Get(context.Background(), id)
+			if err != nil || r.State == api.StateCleaned {
+				return
+			}
+			peak = max(peak, d.rss())
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	rec, err := c.Wait(context.Background(), api.WaitParams{ID: id})
+	<-done
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return rec, peak
 }
 
 func backends() []string { return []string{"cgroup", "pgroup"} }
@@ -309,25 +336,7 @@ func TestGigabyteOutputKeepsDaemonRSSBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var peak int64
-	id := rec.ID // rec is reassigned below while the sampler runs
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, err := c.Get(context.Background(), id)
-			if err != nil || r.State == api.StateCleaned {
-				return
-			}
-			peak = max(peak, d.rss())
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
-	rec, err = c.Wait(context.Background(), api.WaitParams{ID: rec.ID})
-	<-done
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec, peak := d.waitPeakRSS(c, rec.ID)
 	if rec.Stdout.TotalBytes != 1e9 || !rec.Stdout.Truncated || rec.Stdout.KeptBytes != api.DefaultOutputLimitBytes {
 		t.Errorf("stdout = %+v", rec.Stdout)
 	}

@@ -276,25 +276,7 @@ func TestHundredMegabytesThroughTerminalKeepsDaemonRSSBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var peak int64
-	id := rec.ID
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, err := c.Get(context.Background(), id)
-			if err != nil || r.State == api.StateCleaned {
-				return
-			}
-			peak = max(peak, d.rss())
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
-	rec, err = c.Wait(context.Background(), api.WaitParams{ID: id})
-	<-done
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec, peak := d.waitPeakRSS(c, rec.ID)
 	if rec.Stdout.TotalBytes != 1e8 || !rec.Stdout.Truncated || rec.Stdout.KeptBytes != api.DefaultOutputLimitBytes || rec.Stderr.TotalBytes != 0 {
 		t.Errorf("stdout = %+v stderr %+v, want 1e8 counted on stdout", rec.Stdout, rec.Stderr)
 	}
