@@ -129,6 +129,27 @@ func hold(t *testing.T, cmd *exec.Cmd) *shim.Handle {
 	return h
 }
 
+// startHeld starts cmd held by a shim (hold) in a scope prepared for it
+// under id with limits, as the reactor does for a backend that places
+// after start: hold, Prepare, Start, and the parent's copies of the
+// child's ends closed. The caller calls Started, then releases or aborts
+// the Handle. A Start that fails removes the scope and fails the test.
+func startHeld(t *testing.T, b scope.Backend, id string, limits scope.Limits, cmd *exec.Cmd) (*shim.Handle, scope.Scope) {
+	t.Helper()
+	h := hold(t, cmd)
+	sc, err := b.Prepare(context.Background(), scope.Spec{ID: id, Argv: cmd.Args, Limits: limits, Cmd: cmd})
+	if err != nil {
+		t.Fatalf("Prepare: %v", err)
+	}
+	err = cmd.Start()
+	h.CloseChildEnds()
+	if err != nil {
+		sc.Remove()
+		t.Fatalf("Start: %v", err)
+	}
+	return h, sc
+}
+
 // startIn prepares a scope for argv, starts the command held, calls
 // Started, then releases it. Cleanup kills the tree, reaps the child and
 // removes the scope.
@@ -138,18 +159,8 @@ func startIn(t *testing.T, b scope.Backend, id string, limits scope.Limits, argv
 	cmd.Env = []string{childPath}
 	c := &child{cmd: cmd, stdout: new(syncBuffer), stderr: new(syncBuffer), waited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.stdout, c.stderr
-	h := hold(t, cmd)
-	sc, err := b.Prepare(context.Background(), scope.Spec{ID: id, Argv: argv, Limits: limits, Cmd: cmd})
-	if err != nil {
-		t.Fatalf("Prepare: %v", err)
-	}
+	h, sc := startHeld(t, b, id, limits, cmd)
 	c.sc = sc
-	err = cmd.Start()
-	h.CloseChildEnds()
-	if err != nil {
-		sc.Remove()
-		t.Fatalf("Start: %v", err)
-	}
 	go func() { cmd.Wait(); close(c.waited) }()
 	t.Cleanup(func() {
 		sc.Kill()
@@ -418,16 +429,7 @@ func TestCleanLeftovers(t *testing.T) {
 	// A scope left behind by a "crashed daemon": created, never removed.
 	cmd := exec.Command("sleep", "1000")
 	cmd.Env = []string{childPath}
-	h := hold(t, cmd)
-	sc, err := old.Prepare(context.Background(), scope.Spec{ID: id, Argv: cmd.Args, Cmd: cmd})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = cmd.Start()
-	h.CloseChildEnds()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, sc := startHeld(t, old, id, scope.Limits{}, cmd)
 	var waitErr error
 	waited := make(chan struct{})
 	go func() { waitErr = cmd.Wait(); close(waited) }()
@@ -521,16 +523,7 @@ func TestReactorShimExecError(t *testing.T) {
 	// settings), holds it while the backend places it, and releases it.
 	cmd := exec.Command("corral-no-such-command")
 	cmd.Env = []string{childPath}
-	h := hold(t, cmd)
-	sc, err := b.Prepare(context.Background(), scope.Spec{ID: uniqueID(t), Argv: cmd.Args, Cmd: cmd})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = cmd.Start()
-	h.CloseChildEnds()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, sc := startHeld(t, b, uniqueID(t), scope.Limits{}, cmd)
 	if err := sc.Started(context.Background(), cmd.Process.Pid); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
@@ -579,16 +572,7 @@ func TestKillBeforeStarted(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "ran")
 	cmd := exec.Command("touch", marker)
 	cmd.Env = []string{childPath}
-	h := hold(t, cmd)
-	sc, err := b.Prepare(context.Background(), scope.Spec{ID: uniqueID(t), Argv: cmd.Args, Cmd: cmd})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = cmd.Start()
-	h.CloseChildEnds()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, sc := startHeld(t, b, uniqueID(t), scope.Limits{}, cmd)
 	if err := sc.Kill(); err != nil {
 		t.Errorf("Kill before Started: %v", err)
 	}
