@@ -148,21 +148,7 @@ func systemdLoad(ctx context.Context, socks map[string]string, c *ipc.Client) (m
 	}
 	rates := map[string][]float64{}
 	viaCorrald := func(cs []*ipc.Client) func(int) error {
-		return func(w int) error {
-			rec, err := cs[w].Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
-			if err != nil {
-				return fmt.Errorf("exec.start: %w", err)
-			}
-			rec, err = cs[w].Wait(ctx, api.WaitParams{ID: rec.ID})
-			if err != nil {
-				return fmt.Errorf("exec.wait: %w", err)
-			}
-			if rec.ExitCode == nil || *rec.ExitCode != 0 {
-				b, _ := json.Marshal(rec)
-				return fmt.Errorf("/bin/true did not exit 0: %s", b)
-			}
-			return nil
-		}
+		return func(w int) error { return trueThrough(ctx, cs[w]) }
 	}
 	scopeRun := func(int) error {
 		var stderr bytes.Buffer

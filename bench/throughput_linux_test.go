@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -147,21 +148,7 @@ func (s *suite) benchThroughput(t *testing.T) {
 			clients[i] = d.Client()
 			npClients[i] = dnp.Client()
 		}
-		viaDaemon := func(c *ipc.Client) error {
-			rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
-			if err != nil {
-				return fmt.Errorf("exec.start: %w", err)
-			}
-			rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
-			if err != nil {
-				return fmt.Errorf("exec.wait: %w", err)
-			}
-			if rec.ExitCode == nil || *rec.ExitCode != 0 {
-				b, _ := json.Marshal(rec)
-				return fmt.Errorf("/bin/true did not exit 0: %s", b)
-			}
-			return nil
-		}
+		viaDaemon := func(c *ipc.Client) error { return trueThrough(ctx, c) }
 		bare := func(int) error { return exec.Command("/bin/true").Run() }
 		// Each call's duration, per worker (one goroutine each), for the
 		// target's p50 and p99.
@@ -304,6 +291,25 @@ func (s *suite) benchDrain(t *testing.T) {
 			"Daemon: cgroup backend, --pool-size 0. %s",
 			drainBytes, corraldPipeCapacity()>>10, drainRounds, pyNote),
 		rows)
+}
+
+// trueThrough is one /bin/true through corrald on c, for a throughput
+// window's workers (hence an error, not a test failure): exec.start, then
+// exec.wait until cleaned, which must say exit 0.
+func trueThrough(ctx context.Context, c *ipc.Client) error {
+	rec, err := c.Start(ctx, api.StartParams{Argv: []string{"/bin/true"}})
+	if err != nil {
+		return fmt.Errorf("exec.start: %w", err)
+	}
+	rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID})
+	if err != nil {
+		return fmt.Errorf("exec.wait: %w", err)
+	}
+	if rec.ExitCode == nil || *rec.ExitCode != 0 {
+		b, _ := json.Marshal(rec)
+		return fmt.Errorf("/bin/true did not exit 0: %s", b)
+	}
+	return nil
 }
 
 // corraldPipeCapacity is what corrald asks F_SETPIPE_SZ for on output
