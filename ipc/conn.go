@@ -477,10 +477,10 @@ func (c *conn) pushNote(method string, params any) bool {
 		c.out.countDrop()
 		return false
 	}
-	b, err := json.Marshal(notificationMsg{JSONRPC: version, Method: method, Params: params})
+	b, err := encodeNote(method, params)
 	if err != nil {
 		c.log.Error().Err(err).Str("method", method).Msg("encode notification")
 		return false
 	}
-	return c.out.pushNote(encodeLine(b))
+	return c.out.pushNote(b)
 }

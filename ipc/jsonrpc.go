@@ -93,13 +93,60 @@ func encodeError(id json.RawMessage, e wireError) []byte {
 	return b
 }
 
-// encodeResult renders a success response.
+// encodeResult renders a success response: the bytes
+// json.Marshal(successResponse{...}) gives, with the result encoded once.
+// (Marshalling the response around the encoded result as a RawMessage would
+// scan and copy the result a second time to compact it, which json.Marshal's
+// output already is.)
 func encodeResult(id json.RawMessage, result any) ([]byte, error) {
 	r, err := json.Marshal(result)
 	if err != nil {
 		return nil, fmt.Errorf("marshal result: %w", err)
 	}
-	return json.Marshal(successResponse{JSONRPC: version, ID: id, Result: r})
+	if id == nil {
+		id = nullID // what json.Marshal writes for a nil RawMessage
+	}
+	// The id as read off the wire: compacted and HTML-escaped as
+	// json.Marshal does with a RawMessage (it is a few bytes).
+	idb, err := json.Marshal(id)
+	if err != nil {
+		return nil, fmt.Errorf("marshal id: %w", err)
+	}
+	const head, mid, tail = `{"jsonrpc":"` + version + `","id":`, `,"result":`, `}`
+	// One byte more: the caller appends the line's '\n' (encodeLine).
+	b := make([]byte, 0, len(head)+len(idb)+len(mid)+len(r)+len(tail)+1)
+	b = append(b, head...)
+	b = append(b, idb...)
+	b = append(b, mid...)
+	b = append(b, r...)
+	return append(b, tail...), nil
+}
+
+// encodeNote renders a notification as one line ('\n' included): the bytes
+// json.Marshal(notificationMsg{...}) gives. params that are a
+// json.RawMessage are taken as encoded by encoding/json already (compact,
+// HTML-escaped: what the reactor's exec.state notifications carry, the
+// record as the store encoded it) and copied as they are, not scanned again.
+func encodeNote(method string, params any) ([]byte, error) {
+	raw, ok := params.(json.RawMessage)
+	if !ok || len(raw) == 0 {
+		b, err := json.Marshal(notificationMsg{JSONRPC: version, Method: method, Params: params})
+		if err != nil {
+			return nil, err
+		}
+		return encodeLine(b), nil
+	}
+	mb, err := json.Marshal(method)
+	if err != nil {
+		return nil, err
+	}
+	const head, mid, tail = `{"jsonrpc":"` + version + `","method":`, `,"params":`, "}\n"
+	b := make([]byte, 0, len(head)+len(mb)+len(mid)+len(raw)+len(tail))
+	b = append(b, head...)
+	b = append(b, mb...)
+	b = append(b, mid...)
+	b = append(b, raw...)
+	return append(b, tail...), nil
 }
 
 // firstByte returns the first non-whitespace byte of b, or 0.

@@ -28,6 +28,8 @@ type Service interface {
 	// connection is slow (the client resumes with exec.output). The reactor
 	// may call notify from its loop goroutine. notify encodes params before
 	// it returns, so the caller may reuse any buffer in params afterwards;
+	// params that are a json.RawMessage are taken as encoded by
+	// encoding/json already (compact, HTML-escaped) and sent as they are;
 	// once Follow has returned, notify refuses everything (returns false).
 	// The notifications notify accepted reach the client before Follow's
 	// response.

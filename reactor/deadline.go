@@ -106,7 +106,7 @@ func (r *Reactor) Update(ctx context.Context, caller api.Owner, p api.UpdatePara
 		r.armDeadline(e)
 		r.audit(e, "updated").Time("deadline", e.deadline).Int64("timeout_ms", e.rec.TimeoutMS).Msg("deadline moved")
 		rec = r.snapshot(e)
-		r.persist(e, e.state, rec, func(bool) { ack <- rec })
+		r.persist(e, e.state, rec, func(bool, []byte) { ack <- rec })
 		return nil
 	}, func() error {
 		if _, err := r.stored(caller, p.ID); err != nil {

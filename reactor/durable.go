@@ -11,9 +11,11 @@ import (
 )
 
 // persist queues e's record, just moved from state from, as a conditional
-// update; then runs on the loop once it is durable (or failed: supervision
-// goes on, the store reports itself degraded). Loop goroutine only.
-func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then func(ok bool), outs ...store.Output) {
+// update; then runs on the loop once it is durable (ok; js is rec as the
+// store encoded it, for a notification to carry without encoding it again)
+// or failed (supervision goes on, the store reports itself degraded; js is
+// nil). Loop goroutine only.
+func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then func(ok bool, js []byte), outs ...store.Output) {
 	queued := time.Now()
 	r.inflight++
 	followUp := func(res store.Result) {
@@ -25,7 +27,10 @@ func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then fun
 			r.markDirty(e)
 		}
 		if then != nil {
-			then(res.Err == nil)
+			if res.Err != nil {
+				res.JSON = nil
+			}
+			then(res.Err == nil, res.JSON)
 		}
 	}
 	// The store's writer calls back (the Memory store before
@@ -84,7 +89,7 @@ func (r *Reactor) retryDirty() {
 		if e.state == api.StateCleaned {
 			outs = keptForStore(e)
 		}
-		r.persist(e, e.prev, rec, func(ok bool) {
+		r.persist(e, e.prev, rec, func(ok bool, _ []byte) {
 			if ok {
 				r.durableAs(e, rec.State)
 			}
@@ -182,11 +187,11 @@ func (r *Reactor) commit(e *execution, outs ...store.Output) {
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
 	r.observe(e, e.prev, &rec)
-	r.persist(e, e.prev, rec, func(ok bool) {
+	r.persist(e, e.prev, rec, func(ok bool, js []byte) {
 		if ok {
 			r.durableAs(e, rec.State)
 		}
-		r.tell(e, rec)
+		r.tell(e, rec, js)
 		if e.startAck != nil {
 			e.startAck <- rec
 			e.startAck = nil
@@ -194,13 +199,32 @@ func (r *Reactor) commit(e *execution, outs ...store.Output) {
 	}, outs...)
 }
 
-// tell sends a state notification to e's followers.
-func (r *Reactor) tell(e *execution, rec api.Record) {
+// tell sends a state notification to e's followers. js, when not nil, is
+// rec as the store encoded it (encoding/json): the notification's params are
+// built around those bytes once for every follower, and the connections send
+// them as they are, so the record is encoded once on its way to the store
+// and the clients (stateParams). Without js (the write failed) each
+// connection encodes rec itself.
+func (r *Reactor) tell(e *execution, rec api.Record, js []byte) {
 	if len(e.followers) == 0 {
 		return
 	}
-	n := api.StateNotification{Record: rec}
+	var n any = api.StateNotification{Record: rec}
+	if js != nil {
+		n = stateParams(js)
+	}
 	for f := range e.followers {
 		f.notify(api.NotifyState, n)
 	}
+}
+
+// stateParams is the params of an exec.state notification for a record
+// encoded as js: the bytes json.Marshal(api.StateNotification{Record: rec})
+// gives when js is json.Marshal(rec). ipc sends a json.RawMessage as it is.
+func stateParams(js []byte) json.RawMessage {
+	const head, tail = `{"record":`, `}`
+	b := make([]byte, 0, len(head)+len(js)+len(tail))
+	b = append(b, head...)
+	b = append(b, js...)
+	return append(b, tail...)
 }

@@ -3,6 +3,7 @@ package reactor
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -616,6 +617,12 @@ func TestFollowStreamsOutputAndState(t *testing.T) {
 			}
 		case api.StateNotification:
 			states = append(states, n.Record.State)
+		case json.RawMessage: // a live one: the record as the store encoded it (tell)
+			var sn api.StateNotification
+			if err := json.Unmarshal(n, &sn); err != nil {
+				t.Errorf("exec.state params %s: %v", n, err)
+			}
+			states = append(states, sn.Record.State)
 		}
 		return true
 	})

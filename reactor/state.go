@@ -336,12 +336,12 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 	r.observe(e, e.prev, &rec)
 	// The final record, with the kept output, is durable before any client
 	// hears of it; from then on the store answers for it.
-	r.persist(e, e.prev, rec, func(ok bool) {
+	r.persist(e, e.prev, rec, func(ok bool, js []byte) {
 		if ok {
 			r.durableAs(e, rec.State)
 			r.dropSpools(e) // the store holds the kept output now
 		}
-		r.tell(e, rec)
+		r.tell(e, rec, js)
 		e.done = true
 		for ch := range e.waiters {
 			ch <- rec

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -35,8 +37,14 @@ func TestCoalesceExitPath(t *testing.T) {
 		res   Result
 	}
 	answers := make(chan answer, 3)
+	sent := map[api.State][]byte{} // each caller's record, encoded
 	queue := func(from api.State, to api.State, outs ...Output) {
 		rec.State = to
+		js, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent[to] = js
 		s.TransitionFunc(from, rec, func(r Result) { answers <- answer{to, r} }, outs...)
 	}
 	queue(api.StateStarted, api.StateRunning)
@@ -52,6 +60,12 @@ func TestCoalesceExitPath(t *testing.T) {
 		a := <-answers
 		if a.state != want || a.res.Err != nil || !a.res.Applied || a.res.State != api.StateCleaned {
 			t.Errorf("answer %+v, want %s applied, stored state cleaned", a, want)
+		}
+		// A superseded caller's JSON is its own record's, not the one
+		// written in its stead: it is what a notification of its state
+		// carries.
+		if !bytes.Equal(a.res.JSON, sent[a.state]) {
+			t.Errorf("answer for %s: JSON %s, want the caller's record %s", a.state, a.res.JSON, sent[a.state])
 		}
 	}
 	if got := mustGet(t, s, "c"); got.State != api.StateCleaned {

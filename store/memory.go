@@ -85,16 +85,16 @@ func (m *Memory) Transition(from api.State, rec api.Record, outs ...Output) <-ch
 	}
 	e, ok := m.entries[rec.ID]
 	if !ok {
-		return done(Result{})
+		return done(Result{JSON: b})
 	}
 	if e.state > from {
-		return done(Result{State: e.state})
+		return done(Result{State: e.state, JSON: b})
 	}
 	e.record, e.state, e.cleaned = b, rec.State, cleanedAt(rec, time.Now())
 	for _, o := range outs {
 		e.outputs[o.Stream] = cloneKept(o.Kept)
 	}
-	return done(Result{Applied: true, State: rec.State})
+	return done(Result{Applied: true, State: rec.State, JSON: b})
 }
 
 func (m *Memory) SaveOutput(id string, out Output) <-chan error {

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -97,6 +99,41 @@ func TestTransitionFunc(t *testing.T) {
 		n.TransitionFunc(api.StateStarted, newRecord("tf-after", 1, 1, nil), func(r Result) { res = r })
 		if !errors.Is(res.Err, ErrClosed) {
 			t.Errorf("TransitionFunc after Close answered %+v before returning, want ErrClosed", res)
+		}
+	})
+}
+
+// TestTransitionResultJSON: every store answers a transition with the
+// caller's record as json.Marshal encodes it (what the reactor sends on in
+// exec.state), applied or not; a failed one carries none.
+func TestTransitionResultJSON(t *testing.T) {
+	forEach(t, func(t *testing.T, s Store) {
+		n := s.(Notifier)
+		rec := newRecord("json-<&>", 1000, 1, map[string]string{"k": "a<b>\u2028"})
+		mustCreate(t, s, rec)
+		rec.State = api.StateRunning
+		want, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// An illegal transition is answered before TransitionFunc returns.
+		var illegal *Result
+		n.TransitionFunc(api.StateCleaned, rec, func(r Result) { illegal = &r })
+		if illegal == nil || illegal.Err == nil || illegal.JSON != nil {
+			t.Errorf("illegal transition answered %+v; want an error and no JSON", illegal)
+		}
+		got := make(chan Result, 2)
+		n.TransitionFunc(api.StateStarted, rec, func(r Result) { got <- r })
+		n.TransitionFunc(api.StateStarted, rec, func(r Result) { got <- r }) // late: not applied
+		for i, applied := range []bool{true, false} {
+			select {
+			case r := <-got:
+				if r.Err != nil || r.Applied != applied || !bytes.Equal(r.JSON, want) {
+					t.Errorf("answer %d = applied %v err %v JSON %s; want applied %v, JSON %s", i, r.Applied, r.Err, r.JSON, applied, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("answer %d: none within 10s", i)
+			}
 		}
 	})
 }

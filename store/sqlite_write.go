@@ -219,6 +219,7 @@ type transitionOp struct {
 	from api.State
 	to   api.State
 	row  []any
+	json []byte // rec encoded: row's record column, and Result.JSON
 	outs []Output
 	res  Result
 	ch   chan Result  // the answer, when fn is nil
@@ -274,7 +275,7 @@ func (s *SQLite) transition(from api.State, rec api.Record, outs []Output, fail 
 	// creation time, the labels and argv columns are the Create's (and
 	// SET-ting an indexed column costs its index's update even when the
 	// value is the same).
-	op := &transitionOp{id: rec.ID, from: from, to: rec.State, outs: outs, ch: ch, row: []any{
+	op := &transitionOp{id: rec.ID, from: from, to: rec.State, outs: outs, ch: ch, json: b, row: []any{
 		int(rec.State), outcomeCol(rec), nanos(cleanedAt(rec, time.Now())), string(b),
 		rec.ID, int(from),
 	}}
@@ -326,7 +327,13 @@ func (op *transitionOp) finish(err error) {
 	op.answer(res)
 }
 
+// answer gives op's caller res, with op's own record's JSON (a superseded
+// op is answered with the result of the op that replaced it, but its
+// caller sent a record of its own).
 func (op *transitionOp) answer(res Result) {
+	if res.Err == nil {
+		res.JSON = op.json
+	}
 	if op.fn != nil {
 		op.fn(res)
 		return

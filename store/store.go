@@ -144,6 +144,12 @@ type Result struct {
 	// Err is set when the write failed (nothing was written) or the
 	// transition is illegal.
 	Err error
+	// JSON is the caller's rec as the store encoded it (encoding/json;
+	// the same bytes json.Marshal(rec) gives), set whenever Err is nil,
+	// applied or not: a caller that sends the record on (an exec.state
+	// notification) need not encode it again. The caller must not modify
+	// it.
+	JSON []byte
 }
 
 // Stream names.

@@ -1,0 +1,155 @@
+package reactor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/store"
+)
+
+// writtenStore keeps the record each transition asked the store to write,
+// by state.
+type writtenStore struct {
+	store.Store
+	mu      sync.Mutex
+	written map[api.State]api.Record
+}
+
+func (s *writtenStore) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
+	s.mu.Lock()
+	s.written[rec.State] = rec
+	s.mu.Unlock()
+	s.Store.TransitionFunc(from, rec, done, outs...)
+}
+
+// TestStateNotificationIsTheStoredRecord: a live exec.state notification
+// carries exactly the record the store was asked to write for that state,
+// encoded once (the store's own JSON, sent on as it is): its params are the
+// bytes json.Marshal(api.StateNotification{Record: rec}) gives for that
+// record, for exited and for cleaned.
+func TestStateNotificationIsTheStoredRecord(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		st   store.Store
+	}{{"memory", store.NewMemory()}, {"sqlite", openSQLite(t)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws := &writtenStore{Store: tc.st, written: make(map[api.State]api.Record)}
+			tr := newTestReactor(t, func(c *Config) { c.Store = ws })
+			// Labels with characters encoding/json escapes (HTML, U+2028),
+			// so that a second encoding with other options would differ.
+			rec, err := tr.Start(context.Background(), root, api.StartParams{
+				Argv: []string{"sh", "-c", "read x; echo '<b>&</b>'"}, StdinOpen: true,
+				Labels: map[string]string{"tool": "a<b>&c\u2028d"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var (
+				mu   sync.Mutex
+				live []json.RawMessage
+				once sync.Once
+			)
+			wrote := make(chan error, 1)
+			final, err := tr.Follow(ctx, root, api.FollowParams{ID: rec.ID}, func(method string, params any) bool {
+				if method != api.NotifyState {
+					return true
+				}
+				// The first (the current record, sent by Follow itself) means
+				// the follow is registered: let the child end.
+				once.Do(func() {
+					go func() {
+						_, err := tr.Write(ctx, root, api.WriteParams{ID: rec.ID, Data: []byte("go\n"), Close: true})
+						wrote <- err
+					}()
+				})
+				if raw, ok := params.(json.RawMessage); ok {
+					mu.Lock()
+					live = append(live, append(json.RawMessage(nil), raw...))
+					mu.Unlock()
+				}
+				return true
+			})
+			if err != nil || final.State != api.StateCleaned {
+				t.Fatalf("Follow = %v, %v", final.State, err)
+			}
+			if err := <-wrote; err != nil {
+				t.Fatalf("write to the child's stdin: %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			seen := map[api.State]bool{}
+			for _, raw := range live {
+				var n api.StateNotification
+				if err := json.Unmarshal(raw, &n); err != nil {
+					t.Fatalf("exec.state params %s: %v", raw, err)
+				}
+				ws.mu.Lock()
+				stored, ok := ws.written[n.Record.State]
+				ws.mu.Unlock()
+				if !ok {
+					t.Errorf("notified state %s, which the store was never asked to write", n.Record.State)
+					continue
+				}
+				want, err := json.Marshal(api.StateNotification{Record: stored})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(raw, want) {
+					t.Errorf("exec.state %s params\n got %s\nwant %s (the record written to the store)", n.Record.State, raw, want)
+				}
+				seen[n.Record.State] = true
+			}
+			if !seen[api.StateExited] || !seen[api.StateCleaned] {
+				t.Errorf("live notifications carrying the stored JSON: %v, want exited and cleaned", seen)
+			}
+			if o := final.Outcome; o == nil || *o != api.OutcomeExited {
+				t.Errorf("final outcome %v, want exited", o)
+			}
+		})
+	}
+}
+
+// TestStateParamsIsTheMarshalledNotification: stateParams around a record's
+// JSON is what encoding/json makes of the notification itself.
+func TestStateParamsIsTheMarshalledNotification(t *testing.T) {
+	now := time.Date(2026, 12, 1, 14, 0, 0, 123456789, time.UTC)
+	code := 0
+	out := api.OutcomeExited
+	rec := api.Record{ID: "x<&>", State: api.StateExited, Argv: []string{"echo", "\u2028</script>"},
+		Labels: map[string]string{"k": "v&"}, CreatedAt: now, ExitedAt: &now, ExitCode: &code, Outcome: &out}
+	js, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := json.Marshal(api.StateNotification{Record: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stateParams(js); !bytes.Equal(got, want) {
+		t.Errorf("stateParams\n got %s\nwant %s", got, want)
+	}
+}
+
+// openSQLite opens a SQLite store in a temporary directory, closed at the
+// end of the test (after the reactor's shutdown: cleanups run last first).
+func openSQLite(t *testing.T) *store.SQLite {
+	t.Helper()
+	s, err := store.Open(t.TempDir(), zerolog.Nop())
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close store: %v", err)
+		}
+	})
+	return s
+}
