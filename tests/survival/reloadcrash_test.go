@@ -73,27 +73,14 @@ type gated struct {
 func reloadThenCrash(t *testing.T, crash string, restarted bool, before, during int) {
 	setup(t)
 	if crash != "kill-9" {
-		sec := "4s"
+		as, sec := corrald(), "4s"
 		if crash == "watchdog-idle" {
 			// corrald pings at its loop's start (and the handover before
 			// its exec) only: systemd aborts the reloaded image 6s after
 			// the handover, running, its loop idle (the drill's abort).
-			sec = "6s"
-			corrald("--watchdog-interval", "1h").WriteDropIn(t)
+			as, sec = corrald("--watchdog-interval", "1h"), "6s"
 		}
-		conf := filepath.Join(os.Getenv(harness.EnvUnitDir), "corrald.service.d", "watchdog.conf")
-		if err := os.WriteFile(conf, []byte("[Service]\nWatchdogSec="+sec+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			os.Remove(conf)
-			corrald().WriteDropIn(t)
-			harness.Sh(t, "systemctl", "daemon-reload")
-			harness.Sh(t, "systemctl", "restart", "corrald.service")
-			dial(t)
-		})
-		harness.Sh(t, "systemctl", "daemon-reload")
-		harness.Sh(t, "systemctl", "restart", "corrald.service")
+		runAs(t, as, sec)
 	}
 	c := dial(t)
 	restarts0, _ := strconv.Atoi(prop(t, "NRestarts"))

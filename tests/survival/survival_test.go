@@ -123,6 +123,30 @@ func corrald(flags ...string) harness.Corrald {
 		Args: append([]string{"--log-level", "debug", "--kill-wait", "3s"}, flags...)}
 }
 
+// runAs restarts corrald.service as c, and with WatchdogSec=watchdogSec
+// (a drop-in) unless that is "", for the rest of the test: its cleanup
+// puts back corrald() without the watchdog's drop-in, restarts the
+// service and waits until it answers.
+func runAs(t *testing.T, c harness.Corrald, watchdogSec string) {
+	t.Helper()
+	c.WriteDropIn(t)
+	conf := filepath.Join(os.Getenv(harness.EnvUnitDir), "corrald.service.d", "watchdog.conf")
+	if watchdogSec != "" {
+		if err := os.WriteFile(conf, []byte("[Service]\nWatchdogSec="+watchdogSec+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		os.Remove(conf)
+		corrald().WriteDropIn(t)
+		harness.Sh(t, "systemctl", "daemon-reload")
+		harness.Sh(t, "systemctl", "restart", "corrald.service")
+		dial(t)
+	})
+	harness.Sh(t, "systemctl", "daemon-reload")
+	harness.Sh(t, "systemctl", "restart", "corrald.service")
+}
+
 func prop(t *testing.T, p string) string {
 	return harness.Sh(t, "systemctl", "show", "-p", p, "--value", "corrald.service")
 }
@@ -570,14 +594,7 @@ func TestHandoverToFailingBinary(t *testing.T) {
 // lost with an error naming it; one still running is adopted.
 func TestNoPidfdExitInfoIsLost(t *testing.T) {
 	setup(t)
-	corrald("--no-pidfd-exit-info").WriteDropIn(t)
-	harness.Sh(t, "systemctl", "daemon-reload")
-	harness.Sh(t, "systemctl", "restart", "corrald.service")
-	defer func() {
-		corrald().WriteDropIn(t)
-		harness.Sh(t, "systemctl", "daemon-reload")
-		harness.Sh(t, "systemctl", "restart", "corrald.service")
-	}()
+	runAs(t, corrald("--no-pidfd-exit-info"), "")
 	c := dial(t)
 	info, err := c.Info(ctx(t))
 	if err != nil || info.Survival == nil || info.Survival.PidfdExitInfo {

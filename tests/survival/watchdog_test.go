@@ -1,15 +1,11 @@
 package survival
 
 import (
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/corral-dev/corral/tests/harness"
 )
 
 // TestReloadFeedsWatchdog: the watchdog runs on through a reload, so the
@@ -23,18 +19,7 @@ import (
 // and dbus-restart losses).
 func TestReloadFeedsWatchdog(t *testing.T) {
 	setup(t)
-	conf := filepath.Join(os.Getenv(harness.EnvUnitDir), "corrald.service.d", "watchdog.conf")
-	if err := os.WriteFile(conf, []byte("[Service]\nWatchdogSec=60s\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		os.Remove(conf)
-		harness.Sh(t, "systemctl", "daemon-reload")
-		harness.Sh(t, "systemctl", "restart", "corrald.service")
-		dial(t)
-	})
-	harness.Sh(t, "systemctl", "daemon-reload")
-	harness.Sh(t, "systemctl", "restart", "corrald.service")
+	runAs(t, corrald(), "60s")
 	c := dial(t)
 	before, err := c.Info(ctx(t))
 	if err != nil {
