@@ -100,11 +100,15 @@ func (r *Reactor) retryDirty() {
 	}
 }
 
-// keptForStore is the kept output of e's streams as the store keeps it.
+// keptForStore is the kept output of e's streams as the store keeps it. A
+// stream that has carried no byte is left out: there is nothing to keep, and
+// the store answers a stream it has no output for as empty (storedOutput,
+// followStored), as it would an empty one. It spares the commits on the exit
+// path (exited, cleaned) of a quiet command a row write per stream.
 func keptForStore(e *execution) []store.Output {
 	var outs []store.Output
 	for _, s := range e.streams {
-		if s == nil {
+		if s == nil || s.kept.total == 0 {
 			continue
 		}
 		outs = append(outs, store.Output{Stream: s.name, Kept: store.KeptOutput{

@@ -153,3 +153,57 @@ func openSQLite(t *testing.T) *store.SQLite {
 	})
 	return s
 }
+
+// streamsStore keeps the streams whose kept output each transition carried,
+// by id and state.
+type streamsStore struct {
+	store.Store
+	mu      sync.Mutex
+	streams map[string]map[api.State][]string
+}
+
+func (s *streamsStore) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
+	s.mu.Lock()
+	if s.streams[rec.ID] == nil {
+		s.streams[rec.ID] = make(map[api.State][]string)
+	}
+	for _, o := range outs {
+		s.streams[rec.ID][rec.State] = append(s.streams[rec.ID][rec.State], o.Stream)
+	}
+	s.mu.Unlock()
+	s.Store.TransitionFunc(from, rec, done, outs...)
+}
+
+// TestQuietStreamWritesNoOutputRow: the exit path's commits carry the kept
+// output of the streams that carried bytes only, and exec.output of a stream
+// that carried none answers from the store (no row) what an empty row gave:
+// empty, at EOF, total 0, from any offset.
+func TestQuietStreamWritesNoOutputRow(t *testing.T) {
+	st := &streamsStore{Store: openSQLite(t), streams: make(map[string]map[api.State][]string)}
+	tr := newTestReactor(t, func(c *Config) { c.Store = st })
+	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "echo out"}})
+	st.mu.Lock()
+	got := st.streams[rec.ID]
+	st.mu.Unlock()
+	for _, state := range []api.State{api.StateExited, api.StateCleaned} {
+		if s := got[state]; len(s) != 1 || s[0] != store.Stdout {
+			t.Errorf("%s transition carried the output of %v, want [stdout] only (stderr carried no byte)", state, s)
+		}
+	}
+	if k, ok, err := st.Output(rec.ID, store.Stdout); err != nil || !ok || string(k.Head) != "out\n" {
+		t.Errorf("stored stdout = %q, %v, %v; want %q", k.Head, ok, err, "out\n")
+	}
+	if _, ok, err := st.Output(rec.ID, store.Stderr); err != nil || ok {
+		t.Errorf("stored stderr: ok %v, err %v; want no row", ok, err)
+	}
+	// Cleaned and durable: exec.output is answered from the store.
+	for _, off := range []int64{0, 5} {
+		res, err := tr.Output(context.Background(), root, api.OutputParams{ID: rec.ID, Stream: store.Stderr, Offset: off})
+		if err != nil {
+			t.Fatalf("exec.output stderr from %d: %v", off, err)
+		}
+		if len(res.Data) != 0 || !res.EOF || res.TotalBytes != 0 || res.Gap || res.NextOffset != 0 {
+			t.Errorf("exec.output stderr from %d = %+v, want empty at EOF, total 0, next_offset 0", off, res)
+		}
+	}
+}
