@@ -73,7 +73,7 @@ func (r *Reactor) prepareAdoptions() []int {
 		rec := a.Record
 		e := &execution{
 			id: rec.ID, owner: rec.Owner, params: a.Params,
-			state: rec.State, rec: rec, pidfd: -1,
+			state: rec.State, rec: rec, pidfd: -1, committed: rec.State,
 			waiters:   make(map[chan api.Record]struct{}),
 			followers: make(map[*follower]struct{}),
 		}

@@ -93,6 +93,7 @@ func (r *Reactor) retryDirty() {
 			if ok {
 				r.durableAs(e, rec.State)
 			}
+			r.committedAs(e, rec)
 			if ok && e.done && e.state == api.StateCleaned {
 				delete(r.execs, e.id) // durable at last: the store answers for it
 			}
@@ -200,7 +201,51 @@ func (r *Reactor) commit(e *execution, outs ...store.Output) {
 			e.startAck <- rec
 			e.startAck = nil
 		}
+		r.committedAs(e, rec)
 	}, outs...)
+}
+
+// commitWait is an exec.cancel answer waiting until a record of e at
+// state at or beyond st came back from the store.
+type commitWait struct {
+	st api.State
+	ch chan api.Record
+}
+
+// whenCommitted returns nil when a record of e at st or beyond came back
+// from the store already, else a channel that gets that record once it
+// has (closed if e is dropped without one: abandon). Loop goroutine only.
+func (r *Reactor) whenCommitted(e *execution, st api.State) <-chan api.Record {
+	if e.committed >= st {
+		return nil
+	}
+	ch := make(chan api.Record, 1)
+	e.cancelAcks = append(e.cancelAcks, commitWait{st: st, ch: ch})
+	return ch
+}
+
+// committedAs notes that e's record rec came back from the store (durable,
+// or failed: the store is degraded, the write is retried, and waiting for
+// it would stall exec.cancel until the disk recovers) and answers the
+// waits it satisfies. It also signals the tree of a canceling execution
+// whose canceling record this is (enterCanceling). Loop goroutine only.
+func (r *Reactor) committedAs(e *execution, rec api.Record) {
+	if rec.State <= e.committed {
+		return
+	}
+	e.committed = rec.State
+	if rec.State >= api.StateCanceling && e.endPending {
+		r.endTree(e)
+	}
+	kept := e.cancelAcks[:0]
+	for _, w := range e.cancelAcks {
+		if w.st <= rec.State {
+			w.ch <- rec
+			continue
+		}
+		kept = append(kept, w)
+	}
+	e.cancelAcks = kept
 }
 
 // tell sends a state notification to e's followers. js, when not nil, is

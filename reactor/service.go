@@ -166,6 +166,10 @@ func (r *Reactor) abandon(e *execution) {
 	}
 	r.runningAt.Store(int64(r.running))
 	r.audit(e, "refused").Msg("execution refused: store unavailable")
+	for _, w := range e.cancelAcks {
+		close(w.ch)
+	}
+	e.cancelAcks = nil
 }
 
 // Get implements exec.get.
@@ -240,11 +244,17 @@ func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) 
 	return cur, err
 }
 
-// Cancel implements exec.cancel; idempotent.
+// Cancel implements exec.cancel; idempotent. The answer waits until the
+// decision is durable: a record of the execution at canceling or beyond
+// (at least the state it was in) came back from the store, the one the
+// transition committed anyway, so a corrald restarted after a crash finds
+// the execution canceling and ends it cancelled (adopt_linux.go). Nothing
+// is written for the wait itself.
 func (r *Reactor) Cancel(ctx context.Context, caller api.Owner, p api.CancelParams) (rec api.Record, err error) {
 	if p.ID == "" {
 		return rec, api.Errorf(api.CodeInvalidParams, "id: required")
 	}
+	var ack <-chan api.Record
 	err = r.orStored(ctx, func() error {
 		e, err := r.lookup(caller, p.ID)
 		if err != nil {
@@ -252,12 +262,24 @@ func (r *Reactor) Cancel(ctx context.Context, caller api.Owner, p api.CancelPara
 		}
 		r.toCanceling(e, cancelRequest{why: api.OutcomeCancelled, reason: p.Reason})
 		rec = r.snapshot(e)
+		ack = r.whenCommitted(e, max(api.StateCanceling, e.state))
 		return nil
 	}, func() (err error) {
 		rec, err = r.stored(caller, p.ID) // finished: cancel is a no-op
 		return err
 	})
-	return rec, err
+	if err != nil || ack == nil {
+		return rec, err
+	}
+	select {
+	case got, ok := <-ack:
+		if !ok {
+			return api.Record{}, api.ErrNotFound // never started: abandon
+		}
+		return got, nil
+	case <-ctx.Done():
+		return api.Record{}, ctx.Err()
+	}
 }
 
 // Signal implements exec.signal. A finished execution is not signalled; its

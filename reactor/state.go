@@ -88,6 +88,17 @@ type execution struct {
 	followers map[*follower]struct{}
 	done      bool            // cleaned, and durable: waiters are answered at once
 	startAck  chan api.Record // exec.start's answer, sent once its first transition is durable
+
+	// committed is the furthest state whose record's write came back from
+	// the store (durable, or failed and retried: markDirty); cancelAcks
+	// are exec.cancel answers waiting for it (durable.go).
+	committed  api.State
+	cancelAcks []commitWait
+	// endPending: canceling, its tree not signalled yet; endTree sends
+	// the signal once the canceling record's write came back, or after
+	// cancelCommitWait (endWait) when the store is slower than that.
+	endPending bool
+	endWait    *eventloop.Timer
 }
 
 // cancelRequest is why corral ends an execution.
@@ -164,7 +175,8 @@ func (r *Reactor) toRunning(e *execution) {
 }
 
 // toCanceling: running -> canceling. corral is ending the execution: SIGTERM
-// to the whole tree, then SIGKILL after grace_ms (at once when c.hard).
+// to the whole tree once the canceling record is durable, then SIGKILL after
+// grace_ms (at once when c.hard).
 // c.why is the outcome the execution will have, whatever the child does
 // next. The first decision wins; later ones are no-ops. On started the
 // decision is kept and toRunning applies it (or the start fails, and that
@@ -193,7 +205,14 @@ func (r *Reactor) resumeCanceling(e *execution, c cancelRequest) {
 	r.killAdopted(e)
 }
 
-// enterCanceling makes the move of toCanceling, with c decided.
+// enterCanceling makes the move of toCanceling, with c decided. The tree
+// is signalled once the canceling record is durable (endTree, from the
+// commit's follow-up): a crash before that leaves the store saying running,
+// and the restarted corrald would carry on as if nothing had been decided,
+// while the child, signalled or not, ends in a way decided without the
+// cancel (exited 0 of a cancelled execution, found by tests/drill
+// sd-kill-9). A store slower than cancelCommitWait does not hold a limit
+// back: the signal goes then.
 func (r *Reactor) enterCanceling(e *execution, c cancelRequest) {
 	if !r.transition(e, api.StateCanceling) {
 		return
@@ -206,8 +225,32 @@ func (r *Reactor) enterCanceling(e *execution, c cancelRequest) {
 	r.stopTimer(&e.idle)
 	e.rec.Deadline = nil // the grace period applies now
 	r.audit(e, "canceling").Str("reason", string(c.why)).Msg("execution canceling")
+	e.endPending = true
+	e.endWait = r.loop.AfterFunc(cancelCommitWait, func() {
+		e.endWait = nil
+		r.log.Warn().Str("exec_id", e.id).Dur("waited", cancelCommitWait).
+			Msg("store: canceling record not durable yet; signalling the tree anyway")
+		r.endTree(e)
+	})
 	r.commit(e)
-	if c.hard || e.params.GraceMS <= 0 {
+}
+
+// cancelCommitWait bounds how long enterCanceling waits for the canceling
+// record to be durable before it signals the tree anyway.
+const cancelCommitWait = time.Second
+
+// endTree signals the tree of a canceling execution, once: SIGTERM, then
+// SIGKILL after grace_ms (at once when the cancel is hard).
+func (r *Reactor) endTree(e *execution) {
+	if !e.endPending {
+		return
+	}
+	e.endPending = false
+	r.stopTimer(&e.endWait)
+	if e.state != api.StateCanceling {
+		return // exited meanwhile: its cleanup kills what is left
+	}
+	if e.cancel.hard || e.params.GraceMS <= 0 {
 		r.killTree(e)
 		return
 	}
@@ -249,6 +292,8 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	r.stopTimer(&e.grace)
 	r.stopTimer(&e.sampler)
 	r.stopTimer(&e.killWait)
+	r.stopTimer(&e.endWait)
+	e.endPending = false
 
 	stats := r.stats(e)
 	f := exitFacts{startErr: res.startErr, waitErr: res.err, forced: res.forced,
@@ -341,6 +386,7 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 			r.durableAs(e, rec.State)
 			r.dropSpools(e) // the store holds the kept output now
 		}
+		r.committedAs(e, rec)
 		r.tell(e, rec, js)
 		e.done = true
 		for ch := range e.waiters {
