@@ -365,11 +365,17 @@ func Listeners() ([]*net.UnixListener, error) {
 // (/run/systemd/journal/socket) does not exist it returns os.Stderr, so
 // the result is always usable; JournalAvailable tells the two apart. Each
 // event is sent as one datagram; the writer is safe for concurrent use.
+//
+// It never blocks: events wait in a queue of the process's (one for every
+// JournalWriter) and a goroutine sends them, in order; what does not fit
+// while journald is not reading is dropped and counted in a later entry
+// (journalqueue.go). Call FlushJournal before exit or exec.
 func JournalWriter() io.Writer {
 	if !JournalAvailable() {
 		return os.Stderr
 	}
-	return journald.NewJournalDWriter()
+	journalOnce.Do(func() { journalQ.Store(newQueuedWriter(journald.NewJournalDWriter(), journalQueueLen)) })
+	return journalQ.Load()
 }
 
 // JournalAvailable reports whether the journal's socket exists.

@@ -12,10 +12,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/shim"
+	"github.com/corral-dev/corral/systemd"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -46,10 +48,14 @@ func main() {
 	log := newLogger(cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// The log entries still queued for the journal (systemd.JournalWriter)
+	// would die with the process.
+	defer systemd.FlushJournal(2 * time.Second)
 	if err := run(ctx, cfg, log); err != nil {
 		// The reason goes in the message itself: it is the journal's
 		// MESSAGE, the one line `systemctl status` shows.
 		log.Error().Err(err).Msg("corrald failed: " + err.Error())
+		systemd.FlushJournal(2 * time.Second)
 		os.Exit(1)
 	}
 }

@@ -279,6 +279,9 @@ func handover(c *config, r *reactor.Reactor, ln *net.UnixListener, activated boo
 		// plus a handover slowed by load passed WatchdogSec: systemd
 		// aborted the new image right after it took over).
 		systemd.Watchdog()
+		// The log entries still queued for the journal (systemd.JournalWriter)
+		// die with this image too.
+		systemd.FlushJournal(2 * time.Second)
 		err = syscall.Exec(exe, os.Args, env)
 		// Still here: exec failed before it replaced the image.
 		for fd := range h.Fds {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -549,5 +550,64 @@ func TestTimeoutKillsWithDBusGone(t *testing.T) {
 	again := runTo(t, c, api.StartParams{Argv: []string{"true"}})
 	if outcome(again) != "exited" || again.Scope == "" {
 		t.Errorf("after reconnect: outcome %s scope %q", outcome(again), again.Scope)
+	}
+}
+
+// TestJournaldStalledDoesNotStallCorrald: corrald logs to the journal, and
+// a journald that does not read (here stopped; under heavy load, slow) must
+// not stall it. Its socket takes 512 entries; the per-connection debug
+// lines of a few thousand connections fill it. Before the journal writer
+// queued (systemd.JournalWriter), every log call then waited for journald,
+// the loop's included: exec.start went unanswered and systemd killed
+// corrald for its watchdog. The entries that did not fit are counted in
+// the journal once journald reads again.
+func TestJournaldStalledDoesNotStallCorrald(t *testing.T) {
+	setup(t)
+	c := client(t)
+	if _, err := c.Info(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	restarts := func() string {
+		return strings.TrimSpace(harness.Sh(t, "systemctl", "show", "-p", "NRestarts", "--value", "corrald.service"))
+	}
+	before := restarts()
+	cont := func() { _ = exec.Command("systemctl", "kill", "--signal=SIGCONT", "systemd-journald.service").Run() }
+	t.Cleanup(cont)
+	if out, err := exec.Command("systemctl", "kill", "--signal=SIGSTOP", "systemd-journald.service").CombinedOutput(); err != nil {
+		t.Fatalf("stop journald: %v\n%s", err, out)
+	}
+	// 3 debug lines each: more than the socket and corrald's queue hold.
+	t0 := time.Now()
+	for i := 0; i < 4000; i++ {
+		if conn, err := net.Dial("unix", socket); err == nil {
+			conn.Close()
+		}
+	}
+	// Less than WatchdogSec (10 s): a wedged corrald is not restarted
+	// before this gives up.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	rec, err := c.Start(ctx, api.StartParams{Argv: []string{"sh", "-c", "exit 3"}})
+	if err != nil {
+		t.Fatalf("exec.start with journald stopped: %v", err)
+	}
+	if rec, err = c.Wait(ctx, api.WaitParams{ID: rec.ID}); err != nil || rec.State != api.StateCleaned || outcome(rec) != "exited" || rec.ExitCode == nil || *rec.ExitCode != 3 {
+		t.Fatalf("exec.wait with journald stopped: %v (state %v, outcome %s)", err, rec.State, outcome(rec))
+	}
+	t.Logf("4000 connections, then exec.start and exec.wait answered, with journald stopped: %v", time.Since(t0))
+	cont()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, _ := exec.Command("journalctl", "-u", "corrald", "-o", "cat", "--no-pager", "--since", "-2min").Output()
+		if strings.Contains(string(out), "log entries dropped: the journal did not take them in time") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no entry in the journal counts the entries dropped while journald was stopped")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if after := restarts(); after != before {
+		t.Errorf("corrald was restarted while journald was stopped (NRestarts %s, was %s)", after, before)
 	}
 }
