@@ -2,7 +2,9 @@ package ipc
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,6 +53,11 @@ func TestEncodeResultSameBytes(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Errorf("encodeResult(%q, %T)\n got %s\nwant %s", id, res, got, want)
 			}
+			// The result already encoded (exec.wait's record as the store
+			// encoded it) gives the same response.
+			if raw, err := encodeResult(id, json.RawMessage(r)); err != nil || !bytes.Equal(raw, want) {
+				t.Errorf("encodeResult(%q, RawMessage of %T) = %s, %v\nwant %s", id, res, raw, err, want)
+			}
 		}
 	}
 	if _, err := encodeResult(json.RawMessage(`{bad`), 1); err == nil {
@@ -85,5 +92,46 @@ func TestEncodeNoteRawSameBytes(t *testing.T) {
 		if !bytes.Equal(fromRaw, append(want, '\n')) {
 			t.Errorf("notification of %T\n got %s\nwant %s", p, fromRaw, want)
 		}
+	}
+}
+
+// encodedWaiter is a fakeService that also answers exec.wait encoded
+// (EncodedWaiter), with js as the record's bytes.
+type encodedWaiter struct {
+	*fakeService
+	jsMu sync.Mutex
+	js   json.RawMessage
+}
+
+func (f *encodedWaiter) WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitParams) (api.Record, json.RawMessage, error) {
+	rec, err := f.Wait(ctx, caller, p)
+	f.jsMu.Lock()
+	defer f.jsMu.Unlock()
+	return rec, f.js, err
+}
+
+// TestWaitSendsTheServiceBytes: exec.wait of an EncodedWaiter answers with
+// the bytes the service gave (not an encoding of its api.Record), and with
+// the record encoded when it gave none.
+func TestWaitSendsTheServiceBytes(t *testing.T) {
+	js, err := json.Marshal(api.Record{ID: "from-the-bytes", State: api.StateCleaned, Labels: map[string]string{"a": "<&>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &encodedWaiter{fakeService: newFake(), js: js}
+	path, _ := startServer(t, svc, nil)
+	c := dialClient(t, path)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, err := c.Wait(ctx, api.WaitParams{ID: "x"})
+	if err != nil || rec.ID != "from-the-bytes" || rec.Labels["a"] != "<&>" {
+		t.Errorf("exec.wait = %+v, %v; want the service's bytes (id from-the-bytes, label <&>)", rec, err)
+	}
+	svc.jsMu.Lock()
+	svc.js = nil
+	svc.jsMu.Unlock()
+	rec, err = c.Wait(ctx, api.WaitParams{ID: "x"})
+	if err != nil || rec.ID != "x" {
+		t.Errorf("exec.wait without bytes = %+v, %v; want the service's record (id x)", rec, err)
 	}
 }

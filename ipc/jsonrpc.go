@@ -98,10 +98,17 @@ func encodeError(id json.RawMessage, e wireError) []byte {
 // (Marshalling the response around the encoded result as a RawMessage would
 // scan and copy the result a second time to compact it, which json.Marshal's
 // output already is.)
+//
+// A result that is a json.RawMessage is taken as encoded by encoding/json
+// already (compact, HTML-escaped: exec.wait's record as the store encoded
+// it, EncodedWaiter) and copied as it is.
 func encodeResult(id json.RawMessage, result any) ([]byte, error) {
-	r, err := json.Marshal(result)
-	if err != nil {
-		return nil, fmt.Errorf("marshal result: %w", err)
+	r, ok := result.(json.RawMessage)
+	if !ok || len(r) == 0 {
+		var err error
+		if r, err = json.Marshal(result); err != nil {
+			return nil, fmt.Errorf("marshal result: %w", err)
+		}
 	}
 	if id == nil {
 		id = nullID // what json.Marshal writes for a nil RawMessage

@@ -66,7 +66,18 @@ var methods = map[string]handler{
 	"exec.get": method("", Service.Get),
 	// exec.wait (api.WaitParams) -> api.Record once cleaned, or the current
 	// record when timeout_ms passes first. Ends when the connection closes.
-	"exec.wait": method("", Service.Wait),
+	// A Service that has the record encoded already (EncodedWaiter) is
+	// answered with those bytes.
+	"exec.wait": withParams("", func(ctx context.Context, rc *reqContext, p api.WaitParams) (any, error) {
+		if w, ok := rc.svc.(EncodedWaiter); ok {
+			rec, js, err := w.WaitEncoded(ctx, rc.caller, p)
+			if err == nil && len(js) > 0 {
+				return js, nil
+			}
+			return rec, err
+		}
+		return rc.svc.Wait(ctx, rc.caller, p)
+	}),
 	// exec.cancel (api.CancelParams) -> api.Record. Idempotent: a finished
 	// execution answers its record.
 	"exec.cancel": method("", Service.Cancel),

@@ -5,6 +5,7 @@ package ipc
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/corral-dev/corral/api"
 )
@@ -39,6 +40,15 @@ type Service interface {
 	Update(ctx context.Context, caller api.Owner, p api.UpdateParams) (api.Record, error)
 	// Resize sets the window size of an execution's terminal (exec.resize).
 	Resize(ctx context.Context, caller api.Owner, p api.ResizeParams) (api.Record, error)
+}
+
+// EncodedWaiter is implemented by a Service that can answer exec.wait with
+// the record already encoded by encoding/json (compact, HTML-escaped: the
+// reactor has the store's JSON of the cleaned record): WaitEncoded is Wait,
+// and also returns that encoding of rec when it has one (nil otherwise).
+// The server then sends those bytes instead of encoding rec again.
+type EncodedWaiter interface {
+	WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitParams) (rec api.Record, js json.RawMessage, err error)
 }
 
 // OutputWaiter is implemented by a Service that can park an exec.output

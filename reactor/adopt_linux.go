@@ -74,7 +74,7 @@ func (r *Reactor) prepareAdoptions() []int {
 		e := &execution{
 			id: rec.ID, owner: rec.Owner, params: a.Params,
 			state: rec.State, rec: rec, pidfd: -1, committed: rec.State,
-			waiters:   make(map[chan api.Record]struct{}),
+			waiters:   make(map[chan waitAnswer]struct{}),
 			followers: make(map[*follower]struct{}),
 		}
 		if rec.Workspace != nil {

@@ -207,3 +207,63 @@ func TestQuietStreamWritesNoOutputRow(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitAnswerIsTheStoredRecord: an exec.wait answered at cleaned gets,
+// beside the record, the JSON the store wrote for it (what ipc then sends
+// as the answer, EncodedWaiter): exactly json.Marshal of the cleaned record
+// the store was asked to write, and of the record Wait returns.
+func TestWaitAnswerIsTheStoredRecord(t *testing.T) {
+	ws := &writtenStore{Store: openSQLite(t), written: make(map[api.State]api.Record)}
+	tr := newTestReactor(t, func(c *Config) { c.Store = ws })
+	rec, err := tr.Start(context.Background(), root, api.StartParams{
+		Argv: []string{"sh", "-c", "read x"}, StdinOpen: true, Labels: map[string]string{"k": "<&>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type answer struct {
+		rec api.Record
+		js  json.RawMessage
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		rec, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: rec.ID})
+		answered <- answer{rec, js, err}
+	}()
+	// Let the child end only once the wait is registered, so that it is
+	// answered at cleaned (an execution already cleaned is answered from
+	// memory or the store, without JSON).
+	for registered := false; !registered; {
+		if err := tr.onLoop(ctx, func() { registered = len(tr.execs[rec.ID].waiters) > 0 }); err != nil {
+			t.Fatal(err)
+		}
+		if !registered {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if _, err := tr.Write(ctx, root, api.WriteParams{ID: rec.ID, Close: true}); err != nil {
+		t.Fatalf("close the child's stdin: %v", err)
+	}
+	a := <-answered
+	if a.err != nil || a.rec.State != api.StateCleaned {
+		t.Fatalf("WaitEncoded = %v, %v", a.rec.State, a.err)
+	}
+	ws.mu.Lock()
+	stored := ws.written[api.StateCleaned]
+	ws.mu.Unlock()
+	for what, r := range map[string]api.Record{"the record written to the store": stored, "the record returned": a.rec} {
+		want, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a.js, want) {
+			t.Errorf("WaitEncoded's JSON\n got %s\nwant %s (%s)", a.js, want, what)
+		}
+	}
+	// Once cleaned, a wait is answered at once, without JSON: ipc encodes.
+	if got, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: rec.ID}); err != nil || got.State != api.StateCleaned || js != nil {
+		t.Errorf("WaitEncoded after cleaned = %v, JSON %q, %v; want cleaned, no JSON", got.State, js, err)
+	}
+}

@@ -6,6 +6,7 @@ package reactor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -128,7 +129,7 @@ func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record)
 	e := &execution{
 		id: id, owner: caller, params: p,
 		state: api.StateStarted, pidfd: -1,
-		waiters:   make(map[chan api.Record]struct{}),
+		waiters:   make(map[chan waitAnswer]struct{}),
 		followers: make(map[*follower]struct{}),
 	}
 	e.rec = api.Record{
@@ -193,15 +194,31 @@ func (r *Reactor) Get(ctx context.Context, caller api.Owner, p api.IDParams) (re
 // Wait implements exec.wait: the record once cleaned, or the current one
 // when timeout_ms passes first.
 func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) (api.Record, error) {
+	rec, _, err := r.WaitEncoded(ctx, caller, p)
+	return rec, err
+}
+
+// waitAnswer is what an exec.wait caller is answered with at cleaned: the
+// record, and its JSON as the store encoded it (nil when the write failed).
+type waitAnswer struct {
+	rec api.Record
+	js  []byte
+}
+
+// WaitEncoded implements ipc.EncodedWaiter: Wait, and when it was answered
+// at cleaned with the record the store wrote, that record's JSON too (the
+// store's bytes: the record is not encoded again for the answer). Any other
+// answer (already cleaned, from the store, a timeout) has no JSON.
+func (r *Reactor) WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitParams) (api.Record, json.RawMessage, error) {
 	if p.ID == "" {
-		return api.Record{}, api.Errorf(api.CodeInvalidParams, "id: required")
+		return api.Record{}, nil, api.Errorf(api.CodeInvalidParams, "id: required")
 	}
 	if p.TimeoutMS != nil && *p.TimeoutMS < 0 {
-		return api.Record{}, api.Errorf(api.CodeInvalidParams, "timeout_ms: must not be negative")
+		return api.Record{}, nil, api.Errorf(api.CodeInvalidParams, "timeout_ms: must not be negative")
 	}
 	var (
 		rec api.Record
-		ch  chan api.Record
+		ch  chan waitAnswer
 		err error
 		e   *execution
 	)
@@ -211,17 +228,18 @@ func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) 
 		}
 		rec = r.snapshot(e)
 		if !e.done {
-			ch = make(chan api.Record, 1)
+			ch = make(chan waitAnswer, 1)
 			e.waiters[ch] = struct{}{}
 		}
 	}); lerr != nil {
-		return rec, lerr
+		return rec, nil, lerr
 	}
 	if errors.Is(err, api.ErrNotFound) {
-		return r.stored(caller, p.ID)
+		rec, err := r.stored(caller, p.ID)
+		return rec, nil, err
 	}
 	if err != nil || ch == nil {
-		return rec, err
+		return rec, nil, err
 	}
 	var timeout <-chan time.Time
 	if p.TimeoutMS != nil {
@@ -230,8 +248,8 @@ func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) 
 		timeout = t.C
 	}
 	select {
-	case rec = <-ch:
-		return rec, nil
+	case a := <-ch:
+		return a.rec, a.js, nil
 	case <-timeout:
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -241,7 +259,7 @@ func (r *Reactor) Wait(ctx context.Context, caller api.Owner, p api.WaitParams) 
 		delete(e.waiters, ch)
 		cur = r.snapshot(e)
 	})
-	return cur, err
+	return cur, nil, err
 }
 
 // Cancel implements exec.cancel; idempotent. The answer waits until the

@@ -84,7 +84,7 @@ type execution struct {
 	removeFailedAt time.Time
 	survivors      bool
 
-	waiters   map[chan api.Record]struct{} // exec.wait callers, answered at cleaned
+	waiters   map[chan waitAnswer]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}
 	done      bool            // cleaned, and durable: waiters are answered at once
 	startAck  chan api.Record // exec.start's answer, sent once its first transition is durable
@@ -390,7 +390,7 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		r.tell(e, rec, js)
 		e.done = true
 		for ch := range e.waiters {
-			ch <- rec
+			ch <- waitAnswer{rec: rec, js: js}
 		}
 		e.waiters = nil
 		for f := range e.followers {
