@@ -89,6 +89,12 @@ type Record struct {
 	TimeoutMS     int64  `json:"timeout_ms,omitempty"`     // effective wall limit
 	CancelReason  string `json:"cancel_reason,omitempty"`  // reason given to exec.cancel
 	LeftoverTasks int    `json:"leftover_tasks,omitempty"` // processes that survived SIGKILL (D state)
+	// CancelOutcome, while canceling, is the outcome corral decided to end
+	// the execution with (cancelled, timeout, idle_timeout, cpu_limit,
+	// memory_limit): stored with the canceling record, so a corrald
+	// restarted after a crash ends it with that outcome. Cleared at exited,
+	// where outcome says it.
+	CancelOutcome Outcome `json:"cancel_outcome,omitempty"`
 	// StartErrno names the errno of a start_failed execution ("ENOENT",
 	// "EACCES", ...), so clients can tell "not found" (exit 127) from "cannot
 	// execute" (126) without parsing Error.

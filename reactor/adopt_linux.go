@@ -287,12 +287,15 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 }
 
 // pendingOutcome is the outcome an execution that was canceling when
-// corrald restarted will have: the handover's, else the likeliest from the
-// record.
+// corrald restarted will have: the handover's, else the one its canceling
+// record says, else (a record written before cancel_outcome) the likeliest
+// from the record.
 func (r *Reactor) pendingOutcome(e *execution, ho *HandoverExec) api.Outcome {
 	switch {
 	case ho != nil && ho.Pending != "":
 		return ho.Pending
+	case e.rec.CancelOutcome != "":
+		return e.rec.CancelOutcome
 	case e.rec.CancelReason != "":
 		return api.OutcomeCancelled
 	case e.rec.StartedAt != nil && time.Since(*e.rec.StartedAt) >= time.Duration(e.params.TimeoutMS)*time.Millisecond:

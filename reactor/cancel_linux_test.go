@@ -261,3 +261,42 @@ func exitCode(rec api.Record) string {
 	}
 	return strconv.Itoa(*rec.ExitCode)
 }
+
+// TestCancelOutcomeSurvivesCrash: an execution corral was ending for a
+// limit keeps that outcome across a crash. The canceling record says which
+// (cancel_outcome); before, a restarted corrald guessed from the record,
+// and an idle_timeout (or memory_limit) came out cancelled.
+func TestCancelOutcomeSurvivesCrash(t *testing.T) {
+	st := store.NewMemory()
+	r1 := newCrashable(t, st)
+	ctx := context.Background()
+	// The whole tree ignores SIGTERM: it is still canceling at the crash.
+	rec, err := r1.Start(ctx, root, api.StartParams{Cwd: "/", GraceMS: 20000, IdleTimeoutMS: 200,
+		Argv: []string{"sh", "-c", `trap '' TERM; echo ready; sleep 30`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, ok, err := st.Get(rec.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && got.State == api.StateCanceling {
+			if got.CancelOutcome != api.OutcomeIdleTimeout {
+				t.Errorf("canceling record: cancel_outcome %q, want idle_timeout", got.CancelOutcome)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no canceling record within 10s (state %v)", got.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r2 := r1.crashAndAdopt(t)
+	final := r2.wait(rec.ID)
+	if outcome(final) != api.OutcomeIdleTimeout || final.Adopted != 1 || final.CancelOutcome != "" {
+		t.Errorf("idle limit canceling at the crash: outcome %s, adopted %d, cancel_outcome %q; want idle_timeout, adopted 1, no cancel_outcome once exited",
+			outcome(final), final.Adopted, final.CancelOutcome)
+	}
+}

@@ -221,6 +221,7 @@ func (r *Reactor) enterCanceling(e *execution, c cancelRequest) {
 	if c.reason != "" {
 		e.rec.CancelReason = c.reason
 	}
+	e.rec.CancelOutcome = c.why
 	r.stopTimer(&e.timeout)
 	r.stopTimer(&e.idle)
 	e.rec.Deadline = nil // the grace period applies now
@@ -294,6 +295,7 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	r.stopTimer(&e.killWait)
 	r.stopTimer(&e.endWait)
 	e.endPending = false
+	e.rec.CancelOutcome = "" // outcome says it from here on
 
 	stats := r.stats(e)
 	f := exitFacts{startErr: res.startErr, waitErr: res.err, forced: res.forced,

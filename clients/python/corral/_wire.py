@@ -172,6 +172,7 @@ class Record:
     backend: Optional[str] = None
     timeout_ms: int = 0
     cancel_reason: Optional[str] = None
+    cancel_outcome: Optional[str] = None
     leftover_tasks: int = 0
     start_errno: Optional[str] = None
     unenforced: List[str] = field(default_factory=list)
