@@ -187,9 +187,9 @@ func dial(t *testing.T) *ipc.Client {
 // the service (ExecReload says whether and when a reload's kill -HUP ran)
 // and the last 60 entries of its journal at level info or above, each with
 // its fields (EVENT, ERROR, EXEC_ID, ...). The debug lines are left out:
-// dialLoop's connections write thousands of them, and when a reload did
-// not hand over (ci1 at 7205676) the last 60 lines held nothing else, not
-// the handover's own lines that said why.
+// the dial loops (testd.DialLoop) write thousands of them, and when a
+// reload did not hand over (ci1 at 7205676) the last 60 lines held nothing
+// else, not the handover's own lines that said why.
 func journalTail() string {
 	var b strings.Builder
 	out, _ := exec.Command("systemctl", "show", "-p", "ActiveState,SubState,Result,MainPID,NRestarts,ExecMainStartTimestamp,ExecReload", "corrald.service").CombinedOutput()
@@ -698,5 +698,54 @@ func TestSecondDaemonOnTheSlice(t *testing.T) {
 	}
 	if _, err := c.Wait(ctx(t), api.WaitParams{ID: rec.ID}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReloadWithJournaldStopped: a reload hands over while journald does
+// not read (stopped here; slow on a busy host), with the debug lines of a dial loop
+// filling its socket (testd.DialLoop). Before corrald's journal writer queued (3c33650)
+// every log call then waited for journald, the loop's and the handover's
+// included: no new image answered, and systemd killed corrald for its
+// watchdog instead.
+func TestReloadWithJournaldStopped(t *testing.T) {
+	setup(t)
+	c := dial(t)
+	before, err := c.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := 0; i < 2; i++ {
+		rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "60"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, rec.ID)
+	}
+	cont := func() { _ = exec.Command("systemctl", "kill", "--signal=SIGCONT", "systemd-journald.service").Run() }
+	t.Cleanup(cont)
+	harness.Sh(t, "systemctl", "kill", "--signal=SIGSTOP", "systemd-journald.service")
+	stop := testd.DialLoop(t, socket)
+	time.Sleep(time.Second) // about 3000 debug lines: journald's socket takes 512
+	c, info := reloadAndWait(t, before.StartedAt, 20*time.Second)
+	tries, refused := stop()
+	cont()
+	if info.PID != before.PID {
+		t.Errorf("after the reload: pid %d, want the same pid %d (in-place exec, not a restart)", info.PID, before.PID)
+	}
+	if refused > 0 {
+		t.Errorf("%d of %d connection attempts refused during the handover", refused, tries)
+	}
+	for _, id := range ids {
+		rec, err := c.Get(ctx(t), id)
+		if err != nil || rec.State != api.StateRunning || rec.Adopted != 1 {
+			t.Errorf("%s after the reload: state %v, adopted %d, %v; want running, adopted 1", id, rec.State, rec.Adopted, err)
+		}
+		if _, err := c.Cancel(ctx(t), api.CancelParams{ID: id}); err != nil {
+			t.Errorf("exec.cancel %s: %v", id, err)
+		}
+		if rec, err = c.Wait(ctx(t), api.WaitParams{ID: id}); err != nil || outcome(rec) != "cancelled" {
+			t.Errorf("exec.wait %s: %v, outcome %s, want cancelled", id, err, outcome(rec))
+		}
 	}
 }
