@@ -1,6 +1,7 @@
 package cgroupv2
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -207,4 +208,81 @@ func TestRemoveTreeNested(t *testing.T) {
 	if err := base.RemoveTree(); err != nil || base.Exists() {
 		t.Errorf("RemoveTree of a childless cgroup = %v, exists %v", err, base.Exists())
 	}
+}
+
+// testMount is a writable cgroup2 hierarchy of this host, or "" (then the
+// test skips): root needed.
+func testMount(t testing.TB) string {
+	testenv.SkipRoot(t, "makes cgroups")
+	for _, p := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		if IsCgroup2(p) {
+			return p
+		}
+	}
+	testenv.Skip(t, "no cgroup2 hierarchy")
+	return ""
+}
+
+// TestReadIsReadFile: Read gives what os.ReadFile gives, for a real
+// cgroup's interface files and for a regular file longer than Read's first
+// buffer, and the same error for a file that is not there (Gone,
+// os.ErrNotExist, the same message).
+func TestReadIsReadFile(t *testing.T) {
+	big := t.TempDir()
+	long := make([]byte, 70000)
+	for i := range long {
+		long[i] = byte('a' + i%26)
+	}
+	writeFiles(t, big, map[string]string{"long": string(long), "empty": ""})
+	for _, name := range []string{"long", "empty"} {
+		got, err := Dir(big).Read(name)
+		want, _ := os.ReadFile(filepath.Join(big, name))
+		if err != nil || string(got) != string(want) {
+			t.Errorf("Read(%s) = %d bytes, %v; want %d bytes", name, len(got), err, len(want))
+		}
+	}
+	_, err := Dir(big).Read("missing")
+	_, werr := os.ReadFile(filepath.Join(big, "missing"))
+	if !Gone(err) || !errors.Is(err, os.ErrNotExist) || err.Error() != werr.Error() {
+		t.Errorf("Read(missing) = %v; want %v (gone, not exist)", err, werr)
+	}
+
+	mount := testMount(t)
+	d := Dir(filepath.Join(mount, fmt.Sprintf("corral-cgroupv2-read-%d", os.Getpid())))
+	if err := os.Mkdir(string(d), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Rmdir(string(d)) })
+	for _, name := range []string{"cgroup.stat", "cpu.stat", "cgroup.events", "cgroup.threads", "cgroup.procs", "cgroup.controllers"} {
+		got, err := d.Read(name)
+		want, werr := os.ReadFile(filepath.Join(string(d), name))
+		if err != nil || werr != nil || string(got) != string(want) {
+			t.Errorf("Read(%s) = %q, %v; os.ReadFile = %q, %v", name, got, err, want, werr)
+		}
+	}
+}
+
+// BenchmarkRead: Read against os.ReadFile of a cgroup's cgroup.stat.
+func BenchmarkRead(b *testing.B) {
+	mount := testMount(b)
+	d := Dir(filepath.Join(mount, fmt.Sprintf("corral-cgroupv2-bench-%d", os.Getpid())))
+	if err := os.Mkdir(string(d), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = unix.Rmdir(string(d)) })
+	b.Run("Read", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := d.Read("cgroup.stat"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("os.ReadFile", func(b *testing.B) {
+		path := filepath.Join(string(d), "cgroup.stat")
+		for b.Loop() {
+			if _, err := os.ReadFile(path); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
