@@ -80,6 +80,15 @@ func (r *Reactor) prepareAdoptions() []int {
 		if rec.Workspace != nil {
 			e.work = *rec.Workspace
 		}
+		if rec.State == api.StateStarted {
+			// corrald died after the command was let run (spawn had parked
+			// its fds) but before the running record: that record names
+			// the pid and the scope; here they come from the pidfd and the
+			// backend (StartedScope).
+			rec.PID, rec.Scope = StartedScope(r.cfg.Backend, rec, a.Fds)
+			a.Record.PID, a.Record.Scope = rec.PID, rec.Scope
+			e.rec.PID, e.rec.Scope = rec.PID, rec.Scope
+		}
 		if rec.Scope != "" && ad != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			sc, err := ad.Adopt(ctx, rec.Scope, scope.Limits{MemoryBytes: a.Params.MemoryBytes, TasksMax: a.Params.TasksMax, CPUMS: a.Params.CPUMS})
@@ -236,6 +245,7 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 		Bool("handover", ho != nil).Int64("stdout_bytes", e.streams[0].kept.total)
 	ev.Msg("execution adopted")
 
+	from := e.state
 	switch e.state {
 	case api.StateExited:
 		// Exited before the restart; only the cleanup was left.
@@ -246,6 +256,14 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 		r.startCleanup(e)
 		return
 	case api.StateRunning, api.StateCanceling:
+	case api.StateStarted:
+		// The command was let run and its fds parked (parkSpawned), but
+		// corrald died before its running record: taken over as running
+		// below once its pidfd is watched.
+		if pidfd < 0 {
+			r.toExited(e, exitResult{lost: "corrald restarted while the execution was starting"})
+			return
+		}
 	default:
 		if pidfd >= 0 {
 			unix.Close(pidfd)
@@ -263,7 +281,10 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 		r.toExited(e, exitResult{lost: fmt.Sprintf("adopt: cannot watch the pidfd: %v", err)})
 		return
 	}
-	r.persist(e, e.state, r.snapshot(e), nil)
+	if from == api.StateStarted {
+		r.toRunningAdopted(e)
+	}
+	r.persist(e, from, r.snapshot(e), nil)
 	if e.state == api.StateCanceling {
 		r.resumeCanceling(e, cancelRequest{why: r.pendingOutcome(e, ho), hard: true, reason: e.rec.CancelReason})
 		return
@@ -284,6 +305,24 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 	if needsSampler(e) {
 		r.armSampler(e, 0)
 	}
+}
+
+// StartedScope is the pid and the scope of a started record's execution
+// whose pidfd came back (fds[RolePidfd]): the pid behind the pidfd (0 once
+// it was reaped), and the scope the backend names for it (scope.ScopeOf:
+// the pid's own while it lives, else the one made for the record's id),
+// or the record's own when it names them.
+func StartedScope(b scope.Backend, rec api.Record, fds map[string]int) (pid int, name string) {
+	pid, name = rec.PID, rec.Scope
+	if fd, ok := fds[RolePidfd]; ok && pid <= 0 {
+		if pid = PidfdPid(fd); pid < 0 {
+			pid = 0
+		}
+	}
+	if so, ok := b.(scope.ScopeOf); ok && name == "" {
+		name = so.ScopeOf(rec.ID, pid)
+	}
+	return pid, name
 }
 
 // pendingOutcome is the outcome an execution that was canceling when

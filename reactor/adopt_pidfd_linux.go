@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 
@@ -113,4 +115,23 @@ func sameProcess(p *os.Process, pidfd int) bool {
 		same = unix.Fstat(int(h), &b) == nil && a.Ino == b.Ino && a.Dev == b.Dev
 	})
 	return same
+}
+
+// PidfdPid is the pid of the process behind pidfd, from the "Pid:" line of
+// /proc/self/fdinfo/<pidfd>: 0 when it cannot be read, -1 once the process
+// was reaped (the kernel then shows -1). A started record names no pid
+// (corrald died before the running one): re-adoption reads it here.
+func PidfdPid(pidfd int) int {
+	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(pidfd))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				return n
+			}
+		}
+	}
+	return 0
 }

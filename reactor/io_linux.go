@@ -63,6 +63,7 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 		return
 	}
 	e.proc, e.sc, e.launched = sp.proc, sp.sc, sp.launched
+	e.parked = sp.parked // the loop owns what spawn parked from here on
 	if l, ok := scope.Unenforced(sp.sc); ok {
 		for _, u := range []struct {
 			name string
@@ -92,10 +93,14 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 			s.fd = -1
 		}
 	}
+	if sp.stdinDone {
+		// spawn wrote all of the given stdin and closed the pipe.
+		e.stdin = &stdinPipe{fd: -1, closeAfter: true}
+	}
 	if sp.stdin >= 0 {
 		e.stdin = &stdinPipe{fd: sp.stdin}
-		if len(e.params.Stdin) > 0 {
-			e.stdin.buf = append([]byte(nil), e.params.Stdin...)
+		if len(e.params.Stdin) > sp.stdinSent {
+			e.stdin.buf = append([]byte(nil), e.params.Stdin[sp.stdinSent:]...)
 		}
 		e.stdin.closeAfter = !e.params.StdinOpen
 		r.flushStdin(e)
@@ -109,7 +114,7 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 		}
 	}
 	r.startSpools(e)
-	r.parkFds(e)
+	r.keepParked(e)
 	if e.pidfd < 0 {
 		// No pidfd: one goroutine does the Wait and posts the result.
 		proc := e.proc

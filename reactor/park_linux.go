@@ -14,7 +14,10 @@ import (
 
 // FdStore parks fds with the service manager so that they outlive a crash
 // of corrald (systemd's fd store). Names are "<exec-id>.<role>". Both
-// methods are cheap (a datagram) and are called on the loop goroutine.
+// methods are cheap (a datagram) and safe from any goroutine: spawn parks
+// a new child's fds off the loop (parkSpawned), the loop removes them.
+// For one name, a Store happens before its Remove: the loop sees a
+// child's parked roles only in what spawn posts after parking them.
 type FdStore interface {
 	Store(name string, fd int) error
 	Remove(name string) error
@@ -66,12 +69,14 @@ func (r *Reactor) openSpool(e *execution, s *stream) *spool {
 	return sp
 }
 
-// parkFds hands e's fds to the fd store as they exist now. Loop goroutine.
-func (r *Reactor) parkFds(e *execution) {
-	if r.cfg.FdStore == nil {
-		return
-	}
-	if e.pidfd < 0 {
+// parkSpawned hands a just-started child's fds to the fd store, on
+// spawn's goroutine, the moment the command was let run: a crash of
+// corrald between that and the loop's adopt (under load, most of a
+// second) then still finds the execution, its record still started, and
+// re-adoption takes it over (readopt). The roles parked go in sp.parked
+// for the loop, which owns them from adopt on.
+func (r *Reactor) parkSpawned(e *execution, sp *spawned) {
+	if r.cfg.FdStore == nil || sp.pidfd < 0 {
 		// Without a pidfd nothing can be re-adopted: do not park the rest.
 		return
 	}
@@ -83,19 +88,45 @@ func (r *Reactor) parkFds(e *execution) {
 			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", role).Msg("fd store: park; the execution would not survive a crash of corrald")
 			return
 		}
-		e.parked = append(e.parked, role)
+		sp.parked = append(sp.parked, role)
 	}
-	park(RolePidfd, e.pidfd)
-	for _, s := range e.streams {
-		if s != nil && !s.tty {
-			park(s.name, s.fd)
+	park(RolePidfd, sp.pidfd)
+	if sp.tty >= 0 {
+		park(RolePTY, sp.tty)
+	} else {
+		park(RoleStdout, sp.stdout)
+		park(RoleStderr, sp.stderr)
+	}
+	park(RoleStdin, sp.stdin)
+}
+
+// unparkSpawned takes out of the fd store what parkSpawned put there, for
+// a start that is undone (the command did not exec). Spawn's goroutine.
+func (r *Reactor) unparkSpawned(e *execution, sp *spawned) {
+	for _, role := range sp.parked {
+		if err := r.cfg.FdStore.Remove(FdName(e.id, role)); err != nil {
+			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", role).Msg("fd store: remove")
 		}
 	}
-	if e.tty != nil {
-		park(RolePTY, e.tty.fd)
+	sp.parked = nil
+}
+
+// keepParked, once adopt took a child up (e.parked is what spawn parked),
+// removes the roles whose fd the loop could not keep (a pipe or the pidfd
+// it failed to watch, and closed): a stored copy would hold the pipe open,
+// and without a watched pidfd nothing can be re-adopted. Loop goroutine.
+func (r *Reactor) keepParked(e *execution) {
+	if len(e.parked) == 0 {
+		return
 	}
-	if e.stdin != nil {
-		park(RoleStdin, e.stdin.fd)
+	if e.pidfd < 0 {
+		r.unparkFds(e, "")
+		return
+	}
+	for _, s := range e.streams {
+		if s != nil && !s.tty && s.fd < 0 {
+			r.unparkFds(e, s.name)
+		}
 	}
 }
 

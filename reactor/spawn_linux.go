@@ -29,10 +29,19 @@ type spawned struct {
 	sc       scope.Scope
 	stdout   int
 	stderr   int
-	stdin    int // -1: the child's stdin is /dev/null
+	stdin    int // -1: the child's stdin is /dev/null, or all of it was written and closed (stdinDone)
+	// stdinSent is how much of the given stdin openStdio wrote into the
+	// pipe before the start; stdinDone: all of it, and the pipe's write
+	// end is closed (stdin is -1).
+	stdinSent int
+	stdinDone bool
 	tty      int // the terminal's master (tty: true; stdout, stderr and stdin are -1), or -1
 	work     string
 	launched time.Time // when the command was let run (placed.launched, or the pooled dispatch)
+	// parked are the roles spawn put in the fd store as soon as the
+	// command was let run (parkSpawned), so that a crash before the loop
+	// takes the child up loses nothing; the loop owns them from adopt on.
+	parked   []string
 	startErr error
 	errno    string
 }
@@ -258,6 +267,21 @@ func (sp *spawned) openStdio(p api.StartParams, ra runAs) (*childStdio, error) {
 		c.stdin = os.NewFile(uintptr(fds[0]), "stdin")
 		c.files = append(c.files, c.stdin)
 		sp.stdin = fds[1]
+		// Given stdin goes into the pipe now, before anything runs, as far
+		// as it fits: then a crash of corrald after the command was let
+		// run cannot leave unknown how much of it was written (readopt of
+		// a started record). The loop writes the rest (adopt).
+		if len(p.Stdin) > 0 {
+			rest, err := writeAvailable(fds[1], p.Stdin)
+			if err == nil {
+				sp.stdinSent = len(p.Stdin) - len(rest)
+			}
+			if err == nil && len(rest) == 0 && !p.StdinOpen {
+				unix.Close(fds[1])
+				sp.stdin = -1
+				sp.stdinDone = true
+			}
+		}
 	}
 	return c, nil
 }
@@ -284,7 +308,9 @@ func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp
 	sp.proc, sp.sc, sp.pidfd, sp.launched = pe.cmd.Process, pe.sc, pe.pidfd, pe.dispatched
 	if xerr != nil {
 		sp.fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
+		return true
 	}
+	r.parkSpawned(e, sp)
 	return true
 }
 
@@ -331,6 +357,9 @@ func (r *Reactor) startInline(e *execution, lp launchPlan, stdio *childStdio, sp
 		return
 	}
 	sp.proc, sp.sc, sp.pidfd, sp.launched = pl.proc, pl.sc, pl.pidfd, pl.launched
+	// The command was let run (a held child released): into the fd store
+	// now, not once the loop takes it up, which under load comes late.
+	r.parkSpawned(e, sp)
 	if sh != nil {
 		r.waitShimExec(e, sh, sp)
 		return
@@ -461,6 +490,7 @@ func otherNetns(pid int32) bool {
 // pidfd and pipes, and removes its scope. It returns err, for the failed
 // start.
 func (r *Reactor) undoStart(e *execution, sp *spawned, err error) error {
+	r.unparkSpawned(e, sp)
 	pl := placed{proc: sp.proc, pidfd: sp.pidfd, sc: sp.sc}
 	r.unstart(&pl, e.id)
 	sp.proc, sp.pidfd, sp.sc = nil, -1, nil

@@ -174,6 +174,29 @@ func (r *Reactor) toRunning(e *execution) {
 	}
 }
 
+// toRunningAdopted: started -> running for an execution re-adopted after
+// a crash of corrald that came after its command was let run but before
+// its running record (readopt). Its pid and scope were recovered from the
+// pidfd and the backend (StartedScope); when the command was let run is
+// lost with the crash, so started_at is the record's created_at, which
+// comes before it: the wall limit counts from no later than the child's
+// start, and the record says it was adopted (adopted > 0). The caller
+// watches the pidfd and writes the record.
+func (r *Reactor) toRunningAdopted(e *execution) {
+	if !r.transition(e, api.StateRunning) {
+		return
+	}
+	at := e.rec.CreatedAt
+	e.rec.StartedAt = &at
+	if e.proc != nil {
+		e.rec.PID = e.proc.Pid
+	}
+	if e.sc != nil {
+		e.rec.Scope = e.sc.Name()
+	}
+	r.audit(e, "running").Int("pid", e.rec.PID).Bool("adopted_started", true).Msg("execution running (adopted before its running record)")
+}
+
 // toCanceling: running -> canceling. corral is ending the execution: SIGTERM
 // to the whole tree once the canceling record is durable, then SIGKILL after
 // grace_ms (at once when c.hard).

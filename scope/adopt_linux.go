@@ -119,3 +119,69 @@ func firstNonEmpty(ss ...string) string {
 	}
 	return ""
 }
+
+// ScopeOf names, as Adopt takes it, the scope of an execution whose record
+// does not say (corrald died before the record that names it): the scope
+// holding process pid when pid > 0 and alive (a pooled command runs in
+// its pool entry's scope), else the one Prepare makes for execution id,
+// else "" (unknown). It reads /proc; no D-Bus round trip.
+type ScopeOf interface {
+	ScopeOf(id string, pid int) string
+}
+
+var (
+	_ ScopeOf = (*cgroupBackend)(nil)
+	_ ScopeOf = (*systemdBackend)(nil)
+	_ ScopeOf = pgroupBackend{}
+)
+
+// procCgroup is pid's cgroup v2 path ("0::<path>" in /proc/<pid>/cgroup),
+// or "".
+func procCgroup(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return p
+		}
+	}
+	return ""
+}
+
+func (b *cgroupBackend) ScopeOf(id string, pid int) string {
+	if cg := procCgroup(pid); cg != "" {
+		if dir := filepath.Join(b.mount, cg); filepath.Dir(dir) == b.base {
+			return b.cgroupPath(dir)
+		}
+	}
+	if checkScopeName(id) != nil {
+		return ""
+	}
+	return b.cgroupPath(filepath.Join(b.base, id))
+}
+
+func (b *systemdBackend) ScopeOf(id string, pid int) string {
+	if cg := procCgroup(pid); cg != "" {
+		if u := filepath.Base(cg); strings.HasPrefix(u, ScopePrefix) && strings.HasSuffix(u, ScopeSuffix) {
+			return u
+		}
+	}
+	u, err := unitName(id)
+	if err != nil {
+		return ""
+	}
+	return u
+}
+
+// ScopeOf: the pgroup backend's group is the main process's own session.
+func (pgroupBackend) ScopeOf(_ string, pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	return "pgid:" + strconv.Itoa(pid)
+}

@@ -86,7 +86,7 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		return err
 	}
 	defer lock.Close()
-	sv.plan(st, c.stateDir, log)
+	sv.plan(st, backend, c.stateDir, log)
 
 	// Scopes first, then records: the records of executions whose scopes
 	// the backend could not see (another cgroup base) are killed by path.

@@ -123,7 +123,7 @@ func lockScopes(backend scope.Backend) (io.Closer, error) {
 // plan decides, for every unfinished record, whether it is adopted (its
 // pidfd was passed back, or it only had its cleanup left and its kept
 // output is spooled) or lost, and why.
-func (sv *survival) plan(st store.Store, stateDir string, log zerolog.Logger) {
+func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string, log zerolog.Logger) {
 	recs, err := st.Unfinished()
 	if err != nil {
 		log.Error().Err(err).Msg("survival: read unfinished records")
@@ -136,6 +136,14 @@ func (sv *survival) plan(st store.Store, stateDir string, log zerolog.Logger) {
 		switch rec.State {
 		case api.StateRunning, api.StateCanceling:
 			adopt = hasPidfd
+		case api.StateStarted:
+			// Let run, its fds parked, but no running record yet: taken
+			// over as running, its pid and scope from the pidfd and the
+			// backend (named here so the leftover sweep keeps the scope).
+			adopt = hasPidfd
+			if adopt {
+				rec.PID, rec.Scope = reactor.StartedScope(backend, rec, fds)
+			}
 		case api.StateExited:
 			// Only its cleanup was left (or under way at a handover).
 			_, err := os.Stat(filepath.Join(reactor.SpoolDir(stateDir), rec.ID+".stdout"))
