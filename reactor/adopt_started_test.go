@@ -23,7 +23,7 @@ func TestAdoptStartedRecord(t *testing.T) {
 	r1 := newTestReactor(t, func(c *Config) { c.Store, c.FdStore = st1, fs })
 	block := make(chan struct{})
 	r1.beforeAdopt = func() { <-block } // the loop never takes the children up
-	t.Cleanup(func() { close(block) }) // runs before r1's shutdown
+	t.Cleanup(func() { close(block) })  // runs before r1's shutdown
 	type res struct {
 		rec api.Record
 		err error

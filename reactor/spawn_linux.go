@@ -24,20 +24,20 @@ const pipeSize = 1 << 20
 // spawned is what spawn hands to the loop. Either startErr is set and
 // nothing runs, or proc runs in sc with the parent ends of its pipes.
 type spawned struct {
-	proc     *os.Process
-	pidfd    int // -1: use the waiter goroutine
-	sc       scope.Scope
-	stdout   int
-	stderr   int
-	stdin    int // -1: the child's stdin is /dev/null, or all of it was written and closed (stdinDone)
+	proc   *os.Process
+	pidfd  int // -1: use the waiter goroutine
+	sc     scope.Scope
+	stdout int
+	stderr int
+	stdin  int // -1: the child's stdin is /dev/null, or all of it was written and closed (stdinDone)
 	// stdinSent is how much of the given stdin openStdio wrote into the
 	// pipe before the start; stdinDone: all of it, and the pipe's write
 	// end is closed (stdin is -1).
 	stdinSent int
 	stdinDone bool
-	tty      int // the terminal's master (tty: true; stdout, stderr and stdin are -1), or -1
-	work     string
-	launched time.Time // when the command was let run (placed.launched, or the pooled dispatch)
+	tty       int // the terminal's master (tty: true; stdout, stderr and stdin are -1), or -1
+	work      string
+	launched  time.Time // when the command was let run (placed.launched, or the pooled dispatch)
 	// parked are the roles spawn put in the fd store as soon as the
 	// command was let run (parkSpawned), so that a crash before the loop
 	// takes the child up loses nothing; the loop owns them from adopt on.
