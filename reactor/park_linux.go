@@ -34,7 +34,43 @@ const (
 	// stdout stream reads it and exec.write types into it; such an
 	// execution has no stdout, stderr or stdin pipe.
 	RolePTY = "pty"
+	// RolePool marks, while a pooled dispatch is under way, that the
+	// command may be running in a pool entry's scope (the fd is the
+	// entry's pidfd). It is removed once the dispatch is answered (the
+	// execution's own roles parked by then). A restart after a crash that
+	// finds it, and no pidfd, cannot tell whether the command ran: the
+	// execution ends lost, not start_failed (StartFailedRestart).
+	RolePool = "pool"
 )
+
+// StartFailedRestart is the error of an execution whose record was still
+// started when corrald died, with no fd parked and no process in its
+// scope: the command was never let run (a held shim aborts when corrald
+// dies), so it ends start_failed, not lost.
+const StartFailedRestart = "corrald restarted before the command was started; nothing ran"
+
+// markDispatch parks pidfd under RolePool for e. It reports whether it
+// did. Spawn's goroutine.
+func (r *Reactor) markDispatch(e *execution, pidfd int) bool {
+	if r.cfg.FdStore == nil || pidfd < 0 {
+		return false
+	}
+	if err := r.cfg.FdStore.Store(FdName(e.id, RolePool), pidfd); err != nil {
+		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("fd store: mark a pooled dispatch")
+		return false
+	}
+	return true
+}
+
+// unmarkDispatch removes what markDispatch parked. Spawn's goroutine.
+func (r *Reactor) unmarkDispatch(e *execution, marked bool) {
+	if !marked {
+		return
+	}
+	if err := r.cfg.FdStore.Remove(FdName(e.id, RolePool)); err != nil {
+		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("fd store: remove the mark of a pooled dispatch")
+	}
+}
 
 // FdName is the name under which role's fd of execution id is parked in
 // the fd store and passed across a handover: "<id>.<role>".

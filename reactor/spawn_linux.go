@@ -300,17 +300,25 @@ func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp
 	cfg := shimConfig(p, lp.env, lp.dir, sp.work != "", lp.cred)
 	cfg.NewNetNS = p.Network == "none"
 	cfg.Ctty = p.TTY
+	// While the dispatch is under way the command may run in the pool
+	// entry's scope, which the execution's id does not name: a marker in
+	// the fd store says so to a restart after a crash (never ran, or
+	// fate unknown: see RolePool).
+	marked := r.markDispatch(e, pe.pidfd)
 	xerr, ok := r.dispatchPooled(pe, cfg, lp.limits, stdio.stdin, stdio.stdout, stdio.stderr)
 	if !ok {
+		r.unmarkDispatch(e, marked)
 		return false
 	}
 	stdio.close()
 	sp.proc, sp.sc, sp.pidfd, sp.launched = pe.cmd.Process, pe.sc, pe.pidfd, pe.dispatched
 	if xerr != nil {
 		sp.fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
+		r.unmarkDispatch(e, marked)
 		return true
 	}
 	r.parkSpawned(e, sp)
+	r.unmarkDispatch(e, marked)
 	return true
 }
 

@@ -120,13 +120,43 @@ func firstNonEmpty(ss ...string) string {
 	return ""
 }
 
-// ScopeOf names, as Adopt takes it, the scope of an execution whose record
-// does not say (corrald died before the record that names it): the scope
-// holding process pid when pid > 0 and alive (a pooled command runs in
-// its pool entry's scope), else the one Prepare makes for execution id,
-// else "" (unknown). It reads /proc; no D-Bus round trip.
+// ScopeOf is implemented by backends that can name the scope of an
+// execution whose record does not (corrald died before the record that
+// names it).
+//
+// ScopeOf names it as Adopt takes it: the scope holding process pid when
+// pid > 0 and alive (a pooled command runs in its pool entry's scope),
+// else the one Prepare makes for execution id, else "" (unknown). It reads
+// /proc; no D-Bus round trip.
+//
+// Populated reports whether the scope name (as ScopeOf gives it) holds a
+// process now; false only when the backend can tell it holds none (gone,
+// or empty). It reads the cgroup; no D-Bus round trip.
 type ScopeOf interface {
 	ScopeOf(id string, pid int) string
+	Populated(name string) bool
+}
+
+// cgroupPopulated reports whether the cgroup directory dir holds a process
+// (in it or below): false when dir is gone or says it is not populated.
+func cgroupPopulated(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	if err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "populated "); ok {
+				return strings.TrimSpace(v) != "0"
+			}
+		}
+		return true
+	}
+	if os.IsNotExist(err) {
+		if _, serr := os.Stat(dir); os.IsNotExist(serr) {
+			return false
+		}
+	}
+	// No cgroup.events (a v1 hierarchy): its own processes.
+	b, err = os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	return err != nil || strings.TrimSpace(string(b)) != ""
 }
 
 var (
@@ -185,3 +215,24 @@ func (pgroupBackend) ScopeOf(_ string, pid int) string {
 	}
 	return "pgid:" + strconv.Itoa(pid)
 }
+
+func (b *cgroupBackend) Populated(name string) bool {
+	dir := filepath.Join(b.mount, name)
+	if filepath.Dir(dir) != b.base {
+		return true // not ours to say
+	}
+	return cgroupPopulated(dir)
+}
+
+func (b *systemdBackend) Populated(name string) bool {
+	paths := b.hier.cgroupsOf(slicePath(b.opts.Slice) + "/" + name)
+	d := firstNonEmpty(paths.Unified, paths.Systemd)
+	if d == "" {
+		return true
+	}
+	return cgroupPopulated(d)
+}
+
+// Populated: a process group cannot be told empty from here (its leader
+// may be gone while others of the group run).
+func (pgroupBackend) Populated(string) bool { return true }

@@ -49,6 +49,10 @@ type RecoverOptions struct {
 	// survival impossible) instead of LostError. It is given the record
 	// as it was found (its state before it was lost).
 	Why func(api.Record) string
+	// NeverRan, when set, says which records never ran their command
+	// (corrald died before it let it run): they end start_failed, with
+	// Why's error, instead of lost.
+	NeverRan func(api.Record) bool
 }
 
 // RecoverWith is Recover with options.
@@ -72,13 +76,16 @@ func RecoverWith(s Store, log zerolog.Logger, now time.Time, opts RecoverOptions
 					rec.Error = &why
 				}
 			}
+			if opts.NeverRan != nil && opts.NeverRan(rec) {
+				rec.Outcome = ptrTo(api.OutcomeStartFailed)
+			}
 			if r := <-s.Transition(from, rec); r.Err != nil {
 				errs = append(errs, fmt.Errorf("recover %s: %w", rec.ID, r.Err))
 				continue
 			} else if !r.Applied {
 				continue // moved on meanwhile; nothing to settle
 			}
-			log.Warn().Str("exec_id", rec.ID).Stringer("was", from).Str("outcome", string(api.OutcomeLost)).
+			log.Warn().Str("exec_id", rec.ID).Stringer("was", from).Str("outcome", string(*rec.Outcome)).
 				Msg("execution lost across a restart")
 		}
 		if err := clean(rec); err != nil {

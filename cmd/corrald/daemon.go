@@ -196,6 +196,8 @@ func recoverExecutions(st store.Store, host scope.Host, stateDir string, sv *sur
 	opts := store.RecoverOptions{
 		Skip: func(rec api.Record) bool { return sv.adopted(rec.ID) },
 		Why:  sv.lostWhy,
+		// Never let run: start_failed (the error says why), not lost.
+		NeverRan: func(rec api.Record) bool { return sv.neverRan[rec.ID] },
 	}
 	n, err := store.RecoverWith(st, log, time.Now(), opts, func(rec api.Record) error {
 		if err := killLeftoverCgroup(host, rec.Scope); err != nil {

@@ -45,6 +45,10 @@ type survival struct {
 	// adopt are the unfinished records taken over; lost says why the
 	// others could not be.
 	adopt []reactor.Adoptee
+	// neverRan are the started records whose command was never let run:
+	// nothing parked, no pooled dispatch under way, nothing in the scope
+	// the backend names for them. They end start_failed, not lost.
+	neverRan map[string]bool
 }
 
 // takeSurvival reads what was passed to this process and what the host
@@ -129,9 +133,28 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 		log.Error().Err(err).Msg("survival: read unfinished records")
 		return
 	}
+	sv.neverRan = map[string]bool{}
 	for _, rec := range recs {
 		fds := sv.byID[rec.ID]
 		_, hasPidfd := fds[reactor.RolePidfd]
+		// A pooled dispatch's mark is read here and goes: no image adopts it.
+		pfd, dispatching := fds[reactor.RolePool]
+		if dispatching {
+			_, _ = systemd.Remove(reactor.FdName(rec.ID, reactor.RolePool))
+			unix.Close(pfd)
+			delete(fds, reactor.RolePool)
+		}
+		if rec.State == api.StateStarted && !hasPidfd && !dispatching {
+			// Nothing parked and no dispatch under way: the command was let
+			// run only if its scope holds a process (the moment between a
+			// held child's release and the park); a held child that was
+			// never released aborted when corrald died.
+			if so, ok := backend.(scope.ScopeOf); ok {
+				if name := so.ScopeOf(rec.ID, 0); name != "" && !so.Populated(name) {
+					sv.neverRan[rec.ID] = true
+				}
+			}
+		}
 		adopt := false
 		switch rec.State {
 		case api.StateRunning, api.StateCanceling:
@@ -201,8 +224,10 @@ func (sv *survival) keepScope(name string) bool {
 // survival impossible.
 func (sv *survival) lostWhy(rec api.Record) string {
 	switch {
+	case sv.neverRan[rec.ID]:
+		return reactor.StartFailedRestart
 	case rec.State == api.StateStarted:
-		return "corrald restarted while the execution was starting"
+		return "corrald restarted while the execution was starting, after its command may have been let run; its scope was killed"
 	case sv.fromHandover:
 		return "corrald was upgraded in place (handover) but the execution's fds were not handed over"
 	case !sv.info.FdStore:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/reactor"
 )
 
 // Exec is one execution the drill asked for, and what it expects of it.
@@ -49,6 +50,10 @@ type Exec struct {
 	// AllowLost: the fault may end this execution lost (set by the fault,
 	// from what the daemon reports it survives).
 	AllowLost bool
+	// AllowNeverRan: the fault may end this execution start_failed with
+	// reactor.StartFailedRestart (it was still starting when corrald was
+	// killed, and its command was never let run).
+	AllowNeverRan bool
 
 	problems []string
 	mu       *sync.Mutex
@@ -133,10 +138,12 @@ func (p *Phase) AllowLostUnfinished() {
 }
 
 // AllowLostUnanswered marks every execution whose exec.start had not been
-// answered by now as allowed to end lost: the daemon was killed and reports
-// that it survives that, which covers what it told a client it runs; an
-// execution still starting (record written, fds not yet parked) may end
-// lost with the reason.
+// answered by now as allowed to end start_failed with
+// reactor.StartFailedRestart (still starting, its command never let run)
+// or lost (the moment between a held child's release and the park of its
+// fds, with the reason): the daemon was killed and reports that it
+// survives that, which covers what it told a client it runs and any start
+// whose command was let run and its fds parked.
 func (p *Phase) AllowLostUnanswered() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -144,6 +151,7 @@ func (p *Phase) AllowLostUnanswered() {
 	for _, e := range p.execs {
 		if !e.Acked || e.AckedAt.After(now) {
 			e.AllowLost = true
+			e.AllowNeverRan = true
 		}
 	}
 }
@@ -284,6 +292,10 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 		if strOr(rec.Error) == "" {
 			bad("outcome lost without an error saying why")
 		}
+		return
+	}
+	if got == api.OutcomeStartFailed && got != e.Want && e.AllowNeverRan && strOr(rec.Error) == reactor.StartFailedRestart {
+		row.NeverRan++
 		return
 	}
 	if got != e.Want && ch.Tolerate != nil && ch.Tolerate(rec) {

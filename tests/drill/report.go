@@ -34,6 +34,10 @@ type Row struct {
 	// Tolerated: executions whose outcome is not the mix's but one the
 	// fault may cause (Checks.Tolerate).
 	Tolerated int
+	// NeverRan: executions still starting at a kill of corrald whose
+	// command was never let run, ended start_failed with
+	// reactor.StartFailedRestart (Exec.AllowNeverRan).
+	NeverRan  int
 	Leftovers int
 	// Exec latency (exec.start to cleaned of a quick command) before the
 	// fault and from the fault until it was cleared; Samples* count them.
@@ -133,10 +137,13 @@ func (r Report) Markdown() string {
 	}
 	b.WriteString("\n")
 	for _, row := range r.Rows {
-		if row.Note == "" && len(row.Problems) == 0 && row.Tolerated == 0 {
+		if row.Note == "" && len(row.Problems) == 0 && row.Tolerated == 0 && row.NeverRan == 0 {
 			continue
 		}
 		fmt.Fprintf(&b, "- **%s**: %s\n", row.Fault, row.Note)
+		if row.NeverRan > 0 {
+			fmt.Fprintf(&b, "  - %d executions still starting at the kill ended start_failed: their command was never let run (nothing ran)\n", row.NeverRan)
+		}
 		if row.Tolerated > 0 {
 			fmt.Fprintf(&b, "  - %d executions ended with an outcome this fault may cause (see the note)\n", row.Tolerated)
 		}

@@ -233,8 +233,9 @@ func kill9(t *testing.T, ctx context.Context) drill.Fault {
 			note := "corrald's main process killed with SIGKILL under load; Restart=on-failure brings it back; "
 			if s.FDStore {
 				ph.AllowLostUnanswered()
-				note += "daemon.info reports survival.fdstore true: no execution whose exec.start was answered before the kill may end lost " +
-					"(one still starting, its fds not yet in the fd store, may, with that reason)"
+				note += "daemon.info reports survival.fdstore true: no execution whose exec.start was answered before the kill may end lost, " +
+					"and one still starting is adopted once its command was let run (its fds are parked then); one whose command was never let run " +
+					"ends start_failed (nothing ran), and only one caught between its release and the park of its fds may end lost, with that reason"
 			} else {
 				ph.AllowLostUnfinished()
 				note += "daemon.info reports survival.fdstore false, so executions running at the kill may end lost"
