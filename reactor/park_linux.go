@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/api"
+	"golang.org/x/sys/unix"
 )
 
 // FdStore parks fds with the service manager so that they outlive a crash
@@ -35,8 +36,10 @@ const (
 	// execution has no stdout, stderr or stdin pipe.
 	RolePTY = "pty"
 	// RolePool marks, while a pooled dispatch is under way, that the
-	// command may be running in a pool entry's scope (the fd is the
-	// entry's pidfd). It is removed once the dispatch is answered (the
+	// command may be running in a pool entry's scope (the fd is an empty
+	// memfd of its own: systemd keeps one copy of a file stored twice,
+	// under its first name, so the entry's pidfd, parked next, must not
+	// be the mark). It is removed once the dispatch is answered (the
 	// execution's own roles parked by then). A restart after a crash that
 	// finds it, and no pidfd, cannot tell whether the command ran: the
 	// execution ends lost, not start_failed (StartFailedRestart).
@@ -49,14 +52,20 @@ const (
 // dies), so it ends start_failed, not lost.
 const StartFailedRestart = "corrald restarted before the command was started; nothing ran"
 
-// markDispatch parks pidfd under RolePool for e. It reports whether it
-// did. Spawn's goroutine.
+// markDispatch parks the RolePool mark of e (for a pool entry with a
+// pidfd: without one nothing is parked for it anyway). It reports whether
+// it did. Spawn's goroutine.
 func (r *Reactor) markDispatch(e *execution, pidfd int) bool {
 	if r.cfg.FdStore == nil || pidfd < 0 {
 		return false
 	}
-	if err := r.cfg.FdStore.Store(FdName(e.id, RolePool), pidfd); err != nil {
-		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("fd store: mark a pooled dispatch")
+	fd, err := unix.MemfdCreate("corral-dispatch", unix.MFD_CLOEXEC)
+	if err == nil {
+		err = r.cfg.FdStore.Store(FdName(e.id, RolePool), fd)
+		unix.Close(fd)
+	}
+	if err != nil {
+		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("fd store: mark a pooled dispatch; a crash meanwhile would end it lost")
 		return false
 	}
 	return true

@@ -72,6 +72,11 @@ type Config struct {
 	// NoPidfdExitInfo forces the path of a kernel without PIDFD_INFO_EXIT:
 	// an adopted child reaped by someone else ends lost.
 	NoPidfdExitInfo bool
+	// AdoptDelay (tests only: corrald's hidden --test-adopt-delay) holds
+	// every started child that long between spawn and the loop's adopt,
+	// as a loop that takes it up late under load: a crash meanwhile finds
+	// its record started and its fds parked.
+	AdoptDelay time.Duration
 	// Adopt are the executions an earlier image of corrald ran, to take
 	// over (after a handover or a crash).
 	Adopt []Adoptee

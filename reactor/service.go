@@ -82,6 +82,9 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	if r.beforeAdopt != nil {
 		r.beforeAdopt()
 	}
+	if d := r.cfg.AdoptDelay; d > 0 && sp.startErr == nil {
+		time.Sleep(d)
+	}
 	r.post(func() {
 		e.startAck = recCh
 		r.adopt(e, sp)

@@ -51,6 +51,7 @@ type config struct {
 	// Survival (docs/corrald.md, "Restarts and upgrades").
 	noFdStore       bool
 	noPidfdExitInfo bool
+	testAdoptDelay  time.Duration // hidden, tests only: see reactor.Config.AdoptDelay
 }
 
 var errHelpShown = errors.New("help shown")
@@ -97,6 +98,8 @@ func newFlagSet(c *config, out io.Writer) *pflag.FlagSet {
 	c.showHelp = cli.HelpFlag(fs)
 	fs.BoolVar(&c.showMan, "man-page", false, "print the corrald(8) man page in roff and exit")
 	_ = fs.MarkHidden("man-page")
+	fs.DurationVar(&c.testAdoptDelay, "test-adopt-delay", 0, "tests only: hold every started child this long before the loop takes it up")
+	_ = fs.MarkHidden("test-adopt-delay")
 	return fs
 }
 

@@ -254,8 +254,9 @@ func (d *corrald) newReactor() (*reactor.Reactor, error) {
 		}
 	}
 	return reactor.New(reactor.Config{
-		Backend: d.backend,
-		Log:     d.log,
+		AdoptDelay: c.testAdoptDelay,
+		Backend:    d.backend,
+		Log:        d.log,
 		Defaults: api.Defaults{
 			TimeoutMS: c.defTimeout.Milliseconds(), GraceMS: c.defGrace.Milliseconds(),
 			TasksMax: c.defTasks, OutputLimitBytes: c.defOutput,
