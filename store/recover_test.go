@@ -134,6 +134,37 @@ func TestRecoverWhySeesTheStateFound(t *testing.T) {
 	})
 }
 
+// TestRecoverNeverRan: a record RecoverOptions.NeverRan accepts ends
+// start_failed with Why's error; the others lost.
+func TestRecoverNeverRan(t *testing.T) {
+	forEach(t, func(t *testing.T, s Store) {
+		for i, id := range []string{"never", "maybe"} {
+			mustCreate(t, s, newRecord(id, 1000, i, nil))
+		}
+		opts := RecoverOptions{
+			Why: func(rec api.Record) string {
+				if rec.ID == "never" {
+					return "nothing ran"
+				}
+				return "fate unknown"
+			},
+			NeverRan: func(rec api.Record) bool { return rec.ID == "never" },
+		}
+		if n, err := RecoverWith(s, testLogger(t), time.Now(), opts, func(api.Record) error { return nil }); err != nil || n != 2 {
+			t.Fatalf("RecoverWith = %d, %v; want 2, nil", n, err)
+		}
+		for _, tc := range []struct {
+			id, why string
+			outcome api.Outcome
+		}{{"never", "nothing ran", api.OutcomeStartFailed}, {"maybe", "fate unknown", api.OutcomeLost}} {
+			rec := mustGet(t, s, tc.id)
+			if rec.State != api.StateCleaned || rec.Outcome == nil || *rec.Outcome != tc.outcome || rec.Error == nil || *rec.Error != tc.why {
+				t.Errorf("%s: state %s outcome %v error %v; want cleaned, %s, %q", tc.id, rec.State, rec.Outcome, rec.Error, tc.outcome, tc.why)
+			}
+		}
+	})
+}
+
 func ptrOr(p *string) string {
 	if p == nil {
 		return ""
