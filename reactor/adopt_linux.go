@@ -25,6 +25,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sort"
 	"syscall"
 	"time"
 
@@ -137,6 +138,13 @@ func (r *Reactor) readoptAll() {
 func (r *Reactor) readopt(e *execution, a *Adoptee) {
 	fds := a.Fds
 	ho := a.Handover
+	// The roles passed back, for the audit line: one missing says where
+	// an adopted execution's output or exit went.
+	roles := make([]string, 0, len(fds))
+	for role := range fds {
+		roles = append(roles, role)
+	}
+	sort.Strings(roles)
 	take := func(role string) int {
 		fd, ok := fds[role]
 		if !ok {
@@ -237,12 +245,22 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 		}
 	}
 	pidfd := take(RolePidfd)
+	if ho == nil && pidfd >= 0 && !e.state.Finished() && !e.params.TTY {
+		for _, s := range e.streams {
+			if s != nil && s.fd < 0 {
+				// After a crash (a handover passes only the open ones): the
+				// pidfd is parked after the pipes, so only a store
+				// that dropped one (full?) comes here.
+				r.log.Warn().Str("exec_id", e.id).Str("stream", s.name).Msg("adopt: the output pipe was not passed back; what the command writes to it is lost (and may kill it with SIGPIPE)")
+			}
+		}
+	}
 	for role, fd := range fds { // roles this version does not know
 		r.log.Warn().Str("exec_id", e.id).Str("role", role).Msg("adopt: closing a passed fd of unknown role")
 		unix.Close(fd)
 	}
 	ev := r.audit(e, "adopted").Stringer("state", e.state).Int("adopted", e.rec.Adopted).
-		Bool("handover", ho != nil).Int64("stdout_bytes", e.streams[0].kept.total)
+		Bool("handover", ho != nil).Strs("roles", roles).Int64("stdout_bytes", e.streams[0].kept.total)
 	ev.Msg("execution adopted")
 
 	from := e.state

@@ -125,24 +125,32 @@ func (r *Reactor) parkSpawned(e *execution, sp *spawned) {
 		// Without a pidfd nothing can be re-adopted: do not park the rest.
 		return
 	}
-	park := func(role string, fd int) {
+	park := func(role string, fd int) bool {
 		if fd < 0 {
-			return
+			return true
 		}
 		if err := r.cfg.FdStore.Store(FdName(e.id, role), fd); err != nil {
 			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", role).Msg("fd store: park; the execution would not survive a crash of corrald")
-			return
+			return false
 		}
 		sp.parked = append(sp.parked, role)
+		return true
 	}
-	park(RolePidfd, sp.pidfd)
+	// The pidfd goes last, and only after every pipe: a restart adopts an
+	// execution whose pidfd came back (survival.plan), and the fd store
+	// takes the messages in the order they were sent, so a crash between
+	// two of them must not leave the pidfd stored without a pipe. An
+	// execution re-adopted without its stdout read end would lose its
+	// output, and its command die of SIGPIPE (ending "signaled").
+	ok := true
 	if sp.tty >= 0 {
-		park(RolePTY, sp.tty)
+		ok = park(RolePTY, sp.tty)
 	} else {
-		park(RoleStdout, sp.stdout)
-		park(RoleStderr, sp.stderr)
+		ok = park(RoleStdout, sp.stdout) && park(RoleStderr, sp.stderr)
 	}
-	park(RoleStdin, sp.stdin)
+	if ok && park(RoleStdin, sp.stdin) {
+		park(RolePidfd, sp.pidfd)
+	}
 }
 
 // unparkSpawned takes out of the fd store what parkSpawned put there, for
