@@ -49,6 +49,10 @@ type survival struct {
 	// nothing parked, no pooled dispatch under way, nothing in the scope
 	// the backend names for them. They end start_failed, not lost.
 	neverRan map[string]bool
+	// dispatching are the started records whose pooled dispatch was under
+	// way (a RolePool mark) with no pidfd parked: whether the command ran
+	// cannot be told.
+	dispatching map[string]bool
 }
 
 // takeSurvival reads what was passed to this process and what the host
@@ -134,6 +138,7 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 		return
 	}
 	sv.neverRan = map[string]bool{}
+	sv.dispatching = map[string]bool{}
 	for _, rec := range recs {
 		fds := sv.byID[rec.ID]
 		_, hasPidfd := fds[reactor.RolePidfd]
@@ -143,6 +148,7 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 			_, _ = systemd.Remove(reactor.FdName(rec.ID, reactor.RolePool))
 			unix.Close(pfd)
 			delete(fds, reactor.RolePool)
+			sv.dispatching[rec.ID] = !hasPidfd
 		}
 		if rec.State == api.StateStarted && !hasPidfd && !dispatching {
 			// Nothing parked and no dispatch under way: the command was let
@@ -226,6 +232,8 @@ func (sv *survival) lostWhy(rec api.Record) string {
 	switch {
 	case sv.neverRan[rec.ID]:
 		return reactor.StartFailedRestart
+	case rec.State == api.StateStarted && sv.dispatching[rec.ID]:
+		return "corrald restarted during the pooled dispatch of the command, which may have run; its scope was killed"
 	case rec.State == api.StateStarted:
 		return "corrald restarted while the execution was starting, after its command may have been let run; its scope was killed"
 	case sv.fromHandover:
