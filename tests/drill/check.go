@@ -288,6 +288,11 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 		if !e.AllowLost {
 			row.UnexpectedLost++
 			bad("outcome lost (%s), where the daemon reports it survives this fault", strOr(rec.Error))
+		} else {
+			if row.LostWhy == nil {
+				row.LostWhy = map[string]int{}
+			}
+			row.LostWhy[strOr(rec.Error)]++
 		}
 		if strOr(rec.Error) == "" {
 			bad("outcome lost without an error saying why")
@@ -303,7 +308,10 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 		return
 	}
 	if got != e.Want {
-		bad("outcome %s (error %q, exit %v), want %s", got, strOr(rec.Error), intOr(rec.ExitCode), e.Want)
+		// What tells a wrong outcome's cause: the signal, whether a
+		// restarted corrald took the execution over, how much it wrote.
+		bad("outcome %s (error %q, exit %v, signal %q, adopted %d, pid %d, stdout %d bytes), want %s",
+			got, strOr(rec.Error), intOr(rec.ExitCode), strOr(rec.Signal), rec.Adopted, rec.PID, rec.Stdout.TotalBytes, e.Want)
 		return
 	}
 	if e.Want == api.OutcomeExited && (rec.ExitCode == nil || *rec.ExitCode != 0) {

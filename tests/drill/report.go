@@ -37,7 +37,10 @@ type Row struct {
 	// NeverRan: executions still starting at a kill of corrald whose
 	// command was never let run, ended start_failed with
 	// reactor.StartFailedRestart (Exec.AllowNeverRan).
-	NeverRan  int
+	NeverRan int
+	// LostWhy counts the allowed lost ones (LostOutcomes less
+	// UnexpectedLost) by their error: why each could not be kept.
+	LostWhy   map[string]int `json:",omitempty"`
 	Leftovers int
 	// Exec latency (exec.start to cleaned of a quick command) before the
 	// fault and from the fault until it was cleared; Samples* count them.
@@ -137,10 +140,18 @@ func (r Report) Markdown() string {
 	}
 	b.WriteString("\n")
 	for _, row := range r.Rows {
-		if row.Note == "" && len(row.Problems) == 0 && row.Tolerated == 0 && row.NeverRan == 0 {
+		if row.Note == "" && len(row.Problems) == 0 && row.Tolerated == 0 && row.NeverRan == 0 && len(row.LostWhy) == 0 {
 			continue
 		}
 		fmt.Fprintf(&b, "- **%s**: %s\n", row.Fault, row.Note)
+		whys := make([]string, 0, len(row.LostWhy))
+		for why := range row.LostWhy {
+			whys = append(whys, why)
+		}
+		sort.Strings(whys)
+		for _, why := range whys {
+			fmt.Fprintf(&b, "  - %d ended lost, as this fault allows: %q\n", row.LostWhy[why], why)
+		}
 		if row.NeverRan > 0 {
 			fmt.Fprintf(&b, "  - %d executions still starting at the kill ended start_failed: their command was never let run (nothing ran)\n", row.NeverRan)
 		}
