@@ -12,7 +12,10 @@ that never read, clients that vanish with requests in flight) against a real
 corrald, while one fault at a time is injected. After each fault every
 execution the drill asked for is checked: exactly one record, cleaned, with
 the outcome that matches what happened to it (`lost` only where the daemon's
-`daemon.info.survival` says it does not survive the fault), kept output equal
+`daemon.info.survival` says it does not survive the fault; a start still in
+flight at a kill of corrald whose command was never let run ends
+`start_failed`, error "corrald restarted before the command was started;
+nothing ran", counted apart), kept output equal
 to what the child wrote (head and tail within the limit), and nothing left:
 no process carrying the drill's marker, no execution cgroup or scope, no
 workspace, no daemon fd above its idle count, no goroutine or fd of the
@@ -60,7 +63,21 @@ Bugs the drills found, each fixed with a test beside the code:
   the restarted one adopted nothing (63 lost in one sd-reload phase;
   3e0244a): `tests/survival.TestReloadFeedsWatchdog`; and a notification
   to a PID 1 that does not read could block the loop (46e7675):
-  `systemd.TestNotifierDoesNotBlockWhenReceiverStalls`.
+  `systemd.TestNotifierDoesNotBlockWhenReceiverStalls`;
+- once a restart takes over `started` records (issue 14: survival from
+  the moment a command is let run), the order of a start's parked fds
+  mattered: the pidfd went first, and a `kill -9` between its message and
+  its pipes' had the restarted corrald adopt the execution without its
+  stdout read end, its output lost and its command killed by SIGPIPE at
+  its next write (before, such a record was not adopted: `lost`). Seen
+  once, in a short sd-kill-9 run of that work: a slow-follow `seq` ended
+  `signaled` where it exits 0. Reproduced by widening that window (a
+  300 ms sleep after the pidfd's store, not committed): 2 of 2 short
+  sd-kill-9 runs had 7 and 10 wrong (`seq` and follow commands `signaled`
+  SIGPIPE with `adopted` 1, quick ones kept 0 of their 28 bytes). The
+  pidfd is parked last, after every pipe; with the same sleep before it,
+  2 of 2 runs had 0 wrong (8 and 5 `lost`, allowed, with the reason):
+  `reactor.TestParkPidfdLast`.
 
 HEAD
 for f in "$1"/*.md; do
