@@ -47,7 +47,10 @@ func Main() {
 		if cfg, err = receiveDispatch(); err != nil {
 			var gone errParentGone
 			if errors.As(err, &gone) {
-				os.Exit(ExitParentGone)
+				// Said on the error pipe too (exit ExitParentGone): a
+				// corrald that crashed mid-dispatch parked its read end,
+				// and the next one reads there that nothing ran.
+				fail(errPipe, &ExecError{Op: OpParentGone, Message: "the dispatch socket closed before a command came: nothing ran"})
 			}
 			fail(errPipe, newExecError("dispatch", err))
 		}
@@ -58,7 +61,10 @@ func Main() {
 		if err := hold(); err != nil {
 			var gone errParentGone
 			if errors.As(err, &gone) {
-				os.Exit(ExitParentGone)
+				// As for a pooled shim: a corrald that crashed before the
+				// release parked the read end, and the next one reads here
+				// that nothing ran.
+				fail(errPipe, &ExecError{Op: OpParentGone, Message: "the release pipe closed without a release: nothing ran"})
 			}
 			fail(errPipe, newExecError("hold", err))
 		}

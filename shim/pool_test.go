@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-dev/corral/shim"
 )
 
@@ -154,5 +156,55 @@ func TestPooledPreNetNS(t *testing.T) {
 	hostNet := run(shim.Config{Argv: []string{"readlink", "/proc/self/ns/net"}})
 	if got := strings.TrimSpace(hostNet); got != host {
 		t.Errorf("host-network command in network namespace %s, want the host's %s", got, host)
+	}
+}
+
+// TestPooledErrorPipeTellsWhetherItRan: a corrald that dies mid-dispatch
+// leaves its successor a copy of the pooled shim's error pipe (parked in
+// the fd store). Read there after the shim is done: a shim that got no
+// command reports shim.OpParentGone (and exits ExitParentGone); one that
+// exec'd its command leaves EOF and no report.
+func TestPooledErrorPipeTellsWhetherItRan(t *testing.T) {
+	keep := func(h *shim.Handle) int {
+		fd, err := unix.FcntlInt(uintptr(h.ErrFD()), unix.F_DUPFD_CLOEXEC, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		return fd
+	}
+	readDone := func(fd int) (*shim.ExecError, error) {
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			rep, err := shim.ReadExecError(fd)
+			if err != shim.ErrPending || time.Now().After(deadline) {
+				return rep, err
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	cmd, h := startPooled(t)
+	fd := keep(h)
+	h.Close() // as corrald's death closes the dispatch socket
+	cmd.Wait()
+	rep, err := readDone(fd)
+	if err != nil || rep == nil || rep.Op != shim.OpParentGone {
+		t.Errorf("no command dispatched: read %+v, %v; want a %q report", rep, err, shim.OpParentGone)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != shim.ExitParentGone {
+		t.Errorf("no command dispatched: exit %d, want %d", code, shim.ExitParentGone)
+	}
+
+	cmd, h = startPooled(t)
+	fd = keep(h)
+	in, _ := os.Open(os.DevNull)
+	defer in.Close()
+	if err := h.Dispatch(shim.Config{Argv: []string{"sh", "-c", "exit 125"}, Env: []string{testPath}}, in, in, in); err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	cmd.Wait()
+	if rep, err := readDone(fd); rep != nil || err != nil {
+		t.Errorf("command exec'd (it exits 125 too): read %+v, %v; want EOF, no report", rep, err)
 	}
 }

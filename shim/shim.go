@@ -104,7 +104,8 @@ type Config struct {
 type ExecError struct {
 	// Op is the step that failed: "config", "hold", "loopback", "setrlimit",
 	// "setgroups", "setgid", "setuid", "chdir", "no_new_privs", "lookpath"
-	// or "exec".
+	// or "exec"; OpParentGone for a pooled shim whose parent died before
+	// it dispatched a command.
 	Op string `json:"op"`
 	// Errno names the errno ("ENOENT", "EACCES", ...); "" if none applies.
 	Errno string `json:"errno,omitempty"`
@@ -147,8 +148,18 @@ func (e *ExecError) NotFound() bool {
 	return e.Errno == "ENOENT" && (e.Op == "lookpath" || e.Op == "exec")
 }
 
+// OpParentGone is the Op of the report a pooled shim leaves on its error
+// pipe when its dispatch socket reached EOF with no command: its parent
+// died (or gave it up) before dispatching, and nothing of the caller's
+// ran. A restarted corrald that was handed that pipe's read end reads it
+// to tell such a start from one whose command was exec'd (EOF, no report).
+const OpParentGone = "parent-gone"
+
 // ExitCode is the exit status the shim used for this error.
 func (e *ExecError) ExitCode() int {
+	if e.Op == OpParentGone {
+		return ExitParentGone
+	}
 	if e.NotFound() {
 		return ExitNotFound
 	}

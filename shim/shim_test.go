@@ -166,8 +166,10 @@ func TestAbort(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "ran")
 	r := start(t, shim.Config{Argv: []string{"touch", marker}, Env: []string{testPath}, Hold: true}, nil)
 	r.h.Abort()
-	if report, err := r.h.WaitExec(10 * time.Second); report != nil || err != nil {
-		t.Errorf("WaitExec after Abort = %+v, %v; want EOF (nil, nil)", report, err)
+	// It says so on its error pipe (what a restarted corrald that was
+	// handed that pipe reads: nothing ran).
+	if report, err := r.h.WaitExec(10 * time.Second); report == nil || report.Op != shim.OpParentGone || err != nil {
+		t.Errorf("WaitExec after Abort = %+v, %v; want a %q report", report, err, shim.OpParentGone)
 	}
 	r.cmd.Wait()
 	if code := r.cmd.ProcessState.ExitCode(); code != shim.ExitParentGone {
