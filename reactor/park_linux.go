@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/api"
-	"golang.org/x/sys/unix"
 )
 
 // FdStore parks fds with the service manager so that they outlive a crash
@@ -35,15 +34,21 @@ const (
 	// stdout stream reads it and exec.write types into it; such an
 	// execution has no stdout, stderr or stdin pipe.
 	RolePTY = "pty"
-	// RolePool marks, while a pooled dispatch is under way, that the
-	// command may be running in a pool entry's scope (the fd is an empty
-	// memfd of its own: systemd keeps one copy of a file stored twice,
-	// under its first name, so the entry's pidfd, parked next, must not
-	// be the mark). It is removed once the dispatch is answered (the
-	// execution's own roles parked by then). A restart after a crash that
-	// finds it, and no pidfd, cannot tell whether the command ran: the
-	// execution ends lost, not start_failed (StartFailedRestart).
+	// RolePool marked, in an earlier version, a pooled dispatch under way
+	// (an empty memfd: systemd keeps one copy of a file stored twice,
+	// under its first name, so it could not be the entry's pidfd). This
+	// one parks RoleExec instead; a restart still reads an earlier
+	// image's mark: with no pidfd, whether the command ran cannot be told,
+	// and the execution ends lost.
 	RolePool = "pool"
+	// RoleExec is the read end of a pooled shim's exec-error pipe, parked
+	// with the pipes and before the pidfd while its dispatch is under way
+	// (from before the dispatch is sent until the shim's answer): a
+	// restart after a crash meanwhile reads there what the shim did: EOF
+	// without a report, it exec'd the command (taken over as started); a
+	// report, nothing ran (no command came, shim.OpParentGone, or its exec
+	// failed): start_failed. Removed once the dispatch is answered.
+	RoleExec = "exec"
 )
 
 // StartFailedRestart is the error of an execution whose record was still
@@ -51,35 +56,6 @@ const (
 // scope: the command was never let run (a held shim aborts when corrald
 // dies), so it ends start_failed, not lost.
 const StartFailedRestart = "corrald restarted before the command was started; nothing ran"
-
-// markDispatch parks the RolePool mark of e (for a pool entry with a
-// pidfd: without one nothing is parked for it anyway). It reports whether
-// it did. Spawn's goroutine.
-func (r *Reactor) markDispatch(e *execution, pidfd int) bool {
-	if r.cfg.FdStore == nil || pidfd < 0 {
-		return false
-	}
-	fd, err := unix.MemfdCreate("corral-dispatch", unix.MFD_CLOEXEC)
-	if err == nil {
-		err = r.cfg.FdStore.Store(FdName(e.id, RolePool), fd)
-		unix.Close(fd)
-	}
-	if err != nil {
-		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("fd store: mark a pooled dispatch; a crash meanwhile would end it lost")
-		return false
-	}
-	return true
-}
-
-// unmarkDispatch removes what markDispatch parked. Spawn's goroutine.
-func (r *Reactor) unmarkDispatch(e *execution, marked bool) {
-	if !marked {
-		return
-	}
-	if err := r.cfg.FdStore.Remove(FdName(e.id, RolePool)); err != nil {
-		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("fd store: remove the mark of a pooled dispatch")
-	}
-}
 
 // FdName is the name under which role's fd of execution id is parked in
 // the fd store and passed across a handover: "<id>.<role>".
@@ -120,10 +96,14 @@ func (r *Reactor) openSpool(e *execution, s *stream) *spool {
 // second) then still finds the execution, its record still started, and
 // re-adoption takes it over (readopt). The roles parked go in sp.parked
 // for the loop, which owns them from adopt on.
-func (r *Reactor) parkSpawned(e *execution, sp *spawned) {
+//
+// execFd is a pooled shim's exec-error pipe (RoleExec), parked before the
+// dispatch, or -1. It reports whether the pidfd, and so everything before
+// it, was parked.
+func (r *Reactor) parkSpawned(e *execution, sp *spawned, execFd int) bool {
 	if r.cfg.FdStore == nil || sp.pidfd < 0 {
 		// Without a pidfd nothing can be re-adopted: do not park the rest.
-		return
+		return false
 	}
 	park := func(role string, fd int) bool {
 		if fd < 0 {
@@ -142,15 +122,29 @@ func (r *Reactor) parkSpawned(e *execution, sp *spawned) {
 	// two of them must not leave the pidfd stored without a pipe. An
 	// execution re-adopted without its stdout read end would lose its
 	// output, and its command die of SIGPIPE (ending "signaled").
-	ok := true
+	var ok bool
 	if sp.tty >= 0 {
 		ok = park(RolePTY, sp.tty)
 	} else {
 		ok = park(RoleStdout, sp.stdout) && park(RoleStderr, sp.stderr)
 	}
-	if ok && park(RoleStdin, sp.stdin) {
-		park(RolePidfd, sp.pidfd)
+	return ok && park(RoleStdin, sp.stdin) && park(RoleExec, execFd) && park(RolePidfd, sp.pidfd)
+}
+
+// unparkRole takes role out of the fd store and of what spawn parked.
+// Spawn's goroutine.
+func (r *Reactor) unparkRole(e *execution, sp *spawned, role string) {
+	keep := sp.parked[:0]
+	for _, ro := range sp.parked {
+		if ro != role {
+			keep = append(keep, ro)
+			continue
+		}
+		if err := r.cfg.FdStore.Remove(FdName(e.id, ro)); err != nil {
+			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", ro).Msg("fd store: remove")
+		}
 	}
+	sp.parked = keep
 }
 
 // unparkSpawned takes out of the fd store what parkSpawned put there, for

@@ -2,9 +2,11 @@ package reactor
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/api"
 )
@@ -89,5 +91,40 @@ func TestParkPidfdLast(t *testing.T) {
 				t.Errorf("parked %v: the pidfd is not the last", roles)
 			}
 		})
+	}
+}
+
+// TestParkPooledBeforeDispatch: a pooled start parks its pipes, the shim's
+// exec-error pipe (RoleExec) and last the pool entry's pidfd before the
+// dispatch is sent, so that a restart after a crash mid-dispatch has the
+// execution's fds and reads on that pipe whether the command ran; once the
+// shim exec'd, RoleExec leaves the store.
+func TestParkPooledBeforeDispatch(t *testing.T) {
+	fs := &orderedFdStore{fakeFdStore: fakeFdStore{fds: map[string]int{}}}
+	tr := newTestReactor(t, func(c *Config) { c.FdStore, c.PoolSize = fs, 1 })
+	for deadline := time.Now().Add(10 * time.Second); tr.pool.idleCount() == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The pool serves commands that need a shim: network "none".
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sh", "-c", "echo pooled"}, Cwd: "/", Network: "none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := tr.wait(rec.ID)
+	if tr.pool.hits.Load() == 0 {
+		t.Fatal("the start did not go through the pool")
+	}
+	if outcome(final) != api.OutcomeExited || tr.stdout(rec.ID) != "pooled\n" {
+		t.Errorf("outcome %s, stdout %q; want exited, %q", outcome(final), tr.stdout(rec.ID), "pooled\n")
+	}
+	want := []string{RoleStdout, RoleStderr, RoleExec, RolePidfd}
+	if got := fs.roles(rec.ID); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("parked %v, want %v (the pidfd last, the exec-error pipe before it)", got, want)
+	}
+	fs.fakeFdStore.mu.Lock()
+	removed := append([]string(nil), fs.removed...)
+	fs.fakeFdStore.mu.Unlock()
+	if !slices.Contains(removed, FdName(rec.ID, RoleExec)) {
+		t.Errorf("removed %v: %s stayed in the fd store after the exec", removed, FdName(rec.ID, RoleExec))
 	}
 }

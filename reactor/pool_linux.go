@@ -275,7 +275,7 @@ func (p *pool) create() (*pooled, error) {
 	pl, err := p.r.startPlaced(ctx, scope.Spec{
 		ID: e.id, Argv: []string{"(corral pool)"}, Cmd: e.cmd,
 		Limits: scope.Limits{TasksMax: p.r.cfg.Defaults.TasksMax},
-	}, h)
+	}, h, nil)
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("pool: %w", err)

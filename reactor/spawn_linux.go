@@ -300,25 +300,37 @@ func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp
 	cfg := shimConfig(p, lp.env, lp.dir, sp.work != "", lp.cred)
 	cfg.NewNetNS = p.Network == "none"
 	cfg.Ctty = p.TTY
-	// While the dispatch is under way the command may run in the pool
-	// entry's scope, which the execution's id does not name: a marker in
-	// the fd store says so to a restart after a crash (never ran, or
-	// fate unknown: see RolePool).
-	marked := r.markDispatch(e, pe.pidfd)
+	// Into the fd store before the dispatch is sent, with the shim's
+	// exec-error pipe (RoleExec): once it is, the command may run, in the
+	// pool entry's scope, which the execution's id does not name, and a
+	// restart after a crash from here on reads on that pipe whether it
+	// did. Where that cannot be parked, not through the pool: a crash
+	// mid-dispatch could not be told from one before it.
+	if r.cfg.FdStore != nil && pe.pidfd >= 0 {
+		sp.pidfd = pe.pidfd
+		parked := r.parkSpawned(e, sp, pe.h.ErrFD())
+		if !parked {
+			r.unparkSpawned(e, sp)
+			sp.pidfd = -1
+			r.pool.discard(pe)
+			return false
+		}
+	}
 	xerr, ok := r.dispatchPooled(pe, cfg, lp.limits, stdio.stdin, stdio.stdout, stdio.stderr)
 	if !ok {
-		r.unmarkDispatch(e, marked)
+		// Nothing ran (the entry is discarded): the caller starts inline.
+		r.unparkSpawned(e, sp)
+		sp.pidfd = -1
 		return false
 	}
 	stdio.close()
 	sp.proc, sp.sc, sp.pidfd, sp.launched = pe.cmd.Process, pe.sc, pe.pidfd, pe.dispatched
 	if xerr != nil {
 		sp.fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
-		r.unmarkDispatch(e, marked)
 		return true
 	}
-	r.parkSpawned(e, sp)
-	r.unmarkDispatch(e, marked)
+	// Exec'd: the pipe has nothing more to say.
+	r.unparkRole(e, sp, RoleExec)
 	return true
 }
 
@@ -357,17 +369,33 @@ func (r *Reactor) startInline(e *execution, lp launchPlan, stdio *childStdio, sp
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pl, err := r.startPlaced(ctx, scope.Spec{ID: e.id, Argv: p.Argv, Cmd: cmd, Limits: lp.limits}, sh)
+	// A held shim is parked in its scope, right before its release, with
+	// its exec-error pipe (RoleExec): a restart after a crash from there
+	// on reads on that pipe whether the shim was released and exec'd the
+	// command (EOF), or was not and ran nothing (shim.OpParentGone).
+	var beforeRelease func(*placed)
+	if sh != nil && r.cfg.FdStore != nil {
+		beforeRelease = func(pl *placed) {
+			sp.pidfd = pl.pidfd
+			r.parkSpawned(e, sp, sh.ErrFD())
+			sp.pidfd = -1
+		}
+	}
+	pl, err := r.startPlaced(ctx, scope.Spec{ID: e.id, Argv: p.Argv, Cmd: cmd, Limits: lp.limits}, sh, beforeRelease)
 	stdio.close()
 	if err != nil {
+		r.unparkSpawned(e, sp)
 		sp.closeFds()
 		sp.fail(err)
 		return
 	}
 	sp.proc, sp.sc, sp.pidfd, sp.launched = pl.proc, pl.sc, pl.pidfd, pl.launched
-	// The command was let run (a held child released): into the fd store
-	// now, not once the loop takes it up, which under load comes late.
-	r.parkSpawned(e, sp)
+	if len(sp.parked) == 0 {
+		// Not parked before a release (no held shim): into the fd store
+		// now that the command runs, not once the loop takes it up, which
+		// under load comes late.
+		r.parkSpawned(e, sp, -1)
+	}
 	if sh != nil {
 		r.waitShimExec(e, sh, sp)
 		return
@@ -421,7 +449,10 @@ func (r *Reactor) waitShimExec(e *execution, sh *shim.Handle, sp *spawned) {
 	}
 	if xerr != nil {
 		sp.fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
+		return
 	}
+	// Exec'd: the pipe has nothing more to say.
+	r.unparkRole(e, sp, RoleExec)
 }
 
 // closeFds closes the parent ends of the pipes.

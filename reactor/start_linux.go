@@ -36,7 +36,11 @@ type placed struct {
 // On an error nothing of the child is left: it is killed and reaped and its
 // scope removed. The caller closes its own ends of the child's stdio either
 // way. Blocking (D-Bus under systemd, fork): never on the loop goroutine.
-func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Handle) (placed, error) {
+//
+// beforeRelease, when set, runs once a held shim is in its scope, right
+// before its release (with the placed child: its process and pidfd); it
+// does not run for a child that is not held.
+func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Handle, beforeRelease func(*placed)) (placed, error) {
 	pl := placed{pidfd: -1}
 	cmd := spec.Cmd
 	if r.cfg.Backend.Placement() == scope.PlaceHeld && (sh == nil || !sh.Held()) {
@@ -82,6 +86,9 @@ func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Han
 	} else if sh != nil {
 		// Placed: the child may go on. A no-op for a shim that was not
 		// held, and for a pooled one (it waits for Dispatch).
+		if held && beforeRelease != nil {
+			beforeRelease(&pl)
+		}
 		if held {
 			pl.launched = time.Now()
 		}
