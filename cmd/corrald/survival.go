@@ -24,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/reactor"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/shim"
 	"github.com/corral-dev/corral/store"
 	"github.com/corral-dev/corral/systemd"
 )
@@ -50,9 +51,10 @@ type survival struct {
 	// the backend names for them. They end start_failed, not lost.
 	neverRan map[string]bool
 	// dispatching are the started records whose pooled dispatch was under
-	// way (a RolePool mark) with no pidfd parked: whether the command ran
-	// cannot be told.
-	dispatching map[string]bool
+	// way (an earlier image's RolePool mark) with no pidfd parked, and
+	// undecided those whose shim had neither exec'd nor failed within
+	// execFate's wait: whether the command ran cannot be told.
+	dispatching, undecided map[string]bool
 }
 
 // takeSurvival reads what was passed to this process and what the host
@@ -138,7 +140,7 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 		return
 	}
 	sv.neverRan = map[string]bool{}
-	sv.dispatching = map[string]bool{}
+	sv.dispatching, sv.undecided = map[string]bool{}, map[string]bool{}
 	for _, rec := range recs {
 		fds := sv.byID[rec.ID]
 		_, hasPidfd := fds[reactor.RolePidfd]
@@ -150,7 +152,25 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 			delete(fds, reactor.RolePool)
 			sv.dispatching[rec.ID] = !hasPidfd
 		}
-		if rec.State == api.StateStarted && !hasPidfd && !dispatching {
+		// A shim still starting the command at the crash (held before its
+		// release, or taking a pooled dispatch): its exec-error pipe tells
+		// whether it ran it (reactor.RoleExec).
+		if xfd, ok := fds[reactor.RoleExec]; ok {
+			delete(fds, reactor.RoleExec)
+			_, _ = systemd.Remove(reactor.FdName(rec.ID, reactor.RoleExec))
+			if rec.State == api.StateStarted && hasPidfd {
+				switch ran, known := execFate(xfd, 3*time.Second); {
+				case !known:
+					hasPidfd = false // lost: it may have run (its scope is killed)
+					sv.undecided[rec.ID] = true
+				case !ran:
+					hasPidfd = false // its fds are closed below, the shim is gone
+					sv.neverRan[rec.ID] = true
+				}
+			}
+			unix.Close(xfd)
+		}
+		if rec.State == api.StateStarted && !hasPidfd && !dispatching && !sv.undecided[rec.ID] {
 			// Nothing parked and no dispatch under way: the command was let
 			// run only if its scope holds a process (the moment between a
 			// held child's release and the park); a held child that was
@@ -205,6 +225,30 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 	sv.byID = nil
 }
 
+// execFate reads a shim's exec-error pipe (reactor.RoleExec) passed back
+// after a crash while it was starting the command, waiting up to d for the
+// shim to get that far: it exec'd the command (EOF without a report: ran),
+// or ran nothing (a report: never released or dispatched,
+// shim.OpParentGone, or its exec failed), or neither within d (known
+// false: the shim still sets up, or hangs).
+func execFate(fd int, d time.Duration) (ran, known bool) {
+	deadline := time.Now().Add(d)
+	for {
+		rep, err := shim.ReadExecError(fd)
+		switch {
+		case err == nil:
+			return rep == nil, true
+		case !errors.Is(err, shim.ErrPending):
+			return false, false
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false, false
+		}
+		_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(min(left, 100*time.Millisecond).Milliseconds())+1)
+	}
+}
+
 // adopted reports whether the record id is being adopted.
 func (sv *survival) adopted(id string) bool {
 	for _, a := range sv.adopt {
@@ -234,6 +278,8 @@ func (sv *survival) lostWhy(rec api.Record) string {
 		return reactor.StartFailedRestart
 	case rec.State == api.StateStarted && sv.dispatching[rec.ID]:
 		return "corrald restarted during the pooled dispatch of the command, which may have run; its scope was killed"
+	case rec.State == api.StateStarted && sv.undecided[rec.ID]:
+		return "corrald restarted while its shim was starting the command, which neither ran nor failed in the 3 s waited for it and may have run; its scope was killed"
 	case rec.State == api.StateStarted:
 		return "corrald restarted while the execution was starting, after its command may have been let run; its scope was killed"
 	case sv.fromHandover:
