@@ -234,8 +234,8 @@ func kill9(t *testing.T, ctx context.Context) drill.Fault {
 			if s.FDStore {
 				ph.AllowLostUnanswered()
 				note += "daemon.info reports survival.fdstore true: no execution whose exec.start was answered before the kill may end lost, " +
-					"and one still starting is adopted once its command was let run (its fds are parked then); one whose command was never let run " +
-					"ends start_failed (nothing ran), and only one caught between its release and the park of its fds may end lost, with that reason"
+					"and one still starting is adopted once its command was let run (its fds are parked before, with the shim's exec-error pipe, which tells the restart whether it ran); " +
+					"one whose command was never let run ends start_failed (nothing ran), and only one whose shim neither ran nor failed within 3 s of the restart may end lost, with that reason"
 			} else {
 				ph.AllowLostUnfinished()
 				note += "daemon.info reports survival.fdstore false, so executions running at the kill may end lost"
