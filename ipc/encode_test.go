@@ -135,3 +135,32 @@ func TestWaitSendsTheServiceBytes(t *testing.T) {
 		t.Errorf("exec.wait without bytes = %+v, %v; want the service's record (id x)", rec, err)
 	}
 }
+
+// encodedStarter is a fakeService that also answers exec.start encoded
+// (EncodedStarter), with js as the record's bytes.
+type encodedStarter struct {
+	*fakeService
+	js json.RawMessage
+}
+
+func (f *encodedStarter) StartEncoded(ctx context.Context, caller api.Owner, p api.StartParams) (api.Record, json.RawMessage, error) {
+	rec, err := f.Start(ctx, caller, p)
+	return rec, f.js, err
+}
+
+// TestStartSendsTheServiceBytes: exec.start of an EncodedStarter answers with
+// the bytes the service gave, not an encoding of its api.Record.
+func TestStartSendsTheServiceBytes(t *testing.T) {
+	js, err := json.Marshal(api.Record{ID: "from-the-bytes", State: api.StateRunning, Labels: map[string]string{"a": "<&>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, _ := startServer(t, &encodedStarter{fakeService: newFake(), js: js}, nil)
+	c := dialClient(t, path)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, err := c.Start(ctx, api.StartParams{Argv: []string{"true"}})
+	if err != nil || rec.ID != "from-the-bytes" || rec.Labels["a"] != "<&>" {
+		t.Errorf("exec.start = %+v, %v; want the service's bytes (id from-the-bytes, label <&>)", rec, err)
+	}
+}

@@ -100,8 +100,9 @@ func encodeError(id json.RawMessage, e wireError) []byte {
 // output already is.)
 //
 // A result that is a json.RawMessage is taken as encoded by encoding/json
-// already (compact, HTML-escaped: exec.wait's record as the store encoded
-// it, EncodedWaiter) and copied as it is.
+// already (compact, HTML-escaped: exec.start's and exec.wait's record as
+// the store encoded it, EncodedStarter and EncodedWaiter) and copied as it
+// is.
 func encodeResult(id json.RawMessage, result any) ([]byte, error) {
 	r, ok := result.(json.RawMessage)
 	if !ok || len(r) == 0 {

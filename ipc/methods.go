@@ -60,7 +60,18 @@ var methods = map[string]handler{
 	// exec.start (api.StartParams) -> api.Record. Starts argv as the caller;
 	// a command that cannot be executed is a record with outcome
 	// "start_failed", not an error. stdin is base64.
-	"exec.start": method("stdin", Service.Start),
+	// A Service that has the record encoded already (EncodedStarter) is
+	// answered with those bytes.
+	"exec.start": withParams("stdin", func(ctx context.Context, rc *reqContext, p api.StartParams) (any, error) {
+		if s, ok := rc.svc.(EncodedStarter); ok {
+			rec, js, err := s.StartEncoded(ctx, rc.caller, p)
+			if err == nil && len(js) > 0 {
+				return js, nil
+			}
+			return rec, err
+		}
+		return rc.svc.Start(ctx, rc.caller, p)
+	}),
 	// exec.get (api.IDParams) -> api.Record. -32001 when the id does not
 	// exist or is not the caller's.
 	"exec.get": method("", Service.Get),

@@ -51,6 +51,13 @@ type EncodedWaiter interface {
 	WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitParams) (rec api.Record, js json.RawMessage, err error)
 }
 
+// EncodedStarter is EncodedWaiter for exec.start: StartEncoded is Start,
+// and also returns the encoding of rec by encoding/json when it has one
+// (the reactor has the store's JSON of the running record), nil otherwise.
+type EncodedStarter interface {
+	StartEncoded(ctx context.Context, caller api.Owner, p api.StartParams) (rec api.Record, js json.RawMessage, err error)
+}
+
 // OutputWaiter is implemented by a Service that can park an exec.output
 // call with wait_ms without holding a goroutine for it: OutputWait returns
 // at once and calls reply exactly once, later, from any goroutine (the

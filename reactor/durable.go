@@ -198,7 +198,7 @@ func (r *Reactor) commit(e *execution, outs ...store.Output) {
 		}
 		r.tell(e, rec, js)
 		if e.startAck != nil {
-			e.startAck <- rec
+			e.startAck <- waitAnswer{rec: rec, js: js}
 			e.startAck = nil
 		}
 		r.committedAs(e, rec)

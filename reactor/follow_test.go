@@ -267,3 +267,37 @@ func TestWaitAnswerIsTheStoredRecord(t *testing.T) {
 		t.Errorf("WaitEncoded after cleaned = %v, JSON %q, %v; want cleaned, no JSON", got.State, js, err)
 	}
 }
+
+// TestStartAnswerIsTheStoredRecord: exec.start's answer comes with the JSON
+// the store wrote for the running record (what ipc sends, EncodedStarter):
+// exactly json.Marshal of that record and of the record returned; a second
+// start with the same idempotency key is answered from memory, without JSON.
+func TestStartAnswerIsTheStoredRecord(t *testing.T) {
+	ws := &writtenStore{Store: openSQLite(t), written: make(map[api.State]api.Record)}
+	tr := newTestReactor(t, func(c *Config) { c.Store = ws })
+	p := api.StartParams{ID: "start-json", Argv: []string{"sh", "-c", "read x"}, StdinOpen: true, Labels: map[string]string{"k": "<&>"}}
+	rec, js, err := tr.StartEncoded(context.Background(), root, p)
+	if err != nil || rec.State != api.StateRunning {
+		t.Fatalf("StartEncoded = %v, %v; want running", rec.State, err)
+	}
+	ws.mu.Lock()
+	stored := ws.written[api.StateRunning]
+	ws.mu.Unlock()
+	for what, r := range map[string]api.Record{"the record written to the store": stored, "the record returned": rec} {
+		want, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(js, want) {
+			t.Errorf("StartEncoded's JSON\n got %s\nwant %s (%s)", js, want, what)
+		}
+	}
+	again, js2, err := tr.StartEncoded(context.Background(), root, p)
+	if err != nil || again.ID != rec.ID || js2 != nil {
+		t.Errorf("second StartEncoded with the key = %s, JSON %q, %v; want the same execution, no JSON", again.ID, js2, err)
+	}
+	if _, err := tr.Write(context.Background(), root, api.WriteParams{ID: rec.ID, Close: true}); err != nil {
+		t.Fatalf("close the child's stdin: %v", err)
+	}
+	tr.wait(rec.ID)
+}

@@ -20,19 +20,29 @@ import (
 
 // Start implements exec.start.
 func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams) (api.Record, error) {
+	rec, _, err := r.StartEncoded(ctx, caller, p)
+	return rec, err
+}
+
+// StartEncoded implements ipc.EncodedStarter: Start, and when it was
+// answered with the running (or failed-start) record the store wrote, that
+// record's JSON too (the store's bytes: not encoded again for the answer).
+// Any other answer (an existing execution of the idempotency key, an error)
+// has no JSON.
+func (r *Reactor) StartEncoded(ctx context.Context, caller api.Owner, p api.StartParams) (api.Record, json.RawMessage, error) {
 	if r.stopping.Load() {
-		return api.Record{}, api.Errorf(api.CodeShuttingDown, "daemon is shutting down")
+		return api.Record{}, nil, api.Errorf(api.CodeShuttingDown, "daemon is shutting down")
 	}
 	if !r.startBegin() {
-		return api.Record{}, api.Errorf(api.CodeShuttingDown, "daemon is handing over to its new binary; retry")
+		return api.Record{}, nil, api.Errorf(api.CodeShuttingDown, "daemon is handing over to its new binary; retry")
 	}
 	defer r.startDone()
 	if err := normalize(&p, r.cfg.Defaults); err != nil {
-		return api.Record{}, err
+		return api.Record{}, nil, err
 	}
 	runAs, err := resolveUser(caller, p.User)
 	if err != nil {
-		return api.Record{}, err
+		return api.Record{}, nil, err
 	}
 	if p.Network != "none" && otherNetns(caller.PID) {
 		// A caller without the host's network (itself in a network "none"
@@ -47,7 +57,7 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 		}
 	}
 	if err := fdHeadroom(); err != nil {
-		return api.Record{}, &api.Error{Code: api.CodeOverCapacity,
+		return api.Record{}, nil, &api.Error{Code: api.CodeOverCapacity,
 			Message: "over capacity: the daemon is out of file descriptors; nothing was started", Err: err}
 	}
 	var (
@@ -59,10 +69,10 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	// client is still there; giving up on it here would leave an execution
 	// registered in state started that nothing ever spawns or ends.
 	if err := r.onLoop(context.Background(), func() { e, rec, old, err = r.create(caller, p, prior) }); err != nil {
-		return api.Record{}, err
+		return api.Record{}, nil, err
 	}
 	if err != nil || old {
-		return rec, err
+		return rec, nil, err
 	}
 	// The record is durable before the child is forked: no execution can
 	// run that the store does not know of. spawn prepares the workspace and
@@ -70,7 +80,7 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	sp, err := r.spawn(e, runAs, r.store.Create(rec, storedParams(p)))
 	if err != nil {
 		_ = r.onLoop(context.Background(), func() { r.abandon(e) })
-		return api.Record{}, &api.Error{Code: api.CodeInternal,
+		return api.Record{}, nil, &api.Error{Code: api.CodeInternal,
 			Message: fmt.Sprintf("store: cannot record the execution, nothing was started: %v", err), Err: err}
 	}
 	// Hand the child to the loop whatever the client does now: from here
@@ -78,7 +88,7 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 	// The answer waits until the running (or failed-start) record is
 	// durable: a record the client was given is one recovery knows, scope
 	// and pid included.
-	recCh := make(chan api.Record, 1)
+	recCh := make(chan waitAnswer, 1)
 	if r.beforeAdopt != nil {
 		r.beforeAdopt()
 	}
@@ -90,10 +100,10 @@ func (r *Reactor) Start(ctx context.Context, caller api.Owner, p api.StartParams
 		r.adopt(e, sp)
 	})
 	select {
-	case rec := <-recCh:
-		return rec, nil
+	case a := <-recCh:
+		return a.rec, a.js, nil
 	case <-ctx.Done():
-		return api.Record{}, ctx.Err()
+		return api.Record{}, nil, ctx.Err()
 	}
 }
 

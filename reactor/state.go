@@ -87,7 +87,7 @@ type execution struct {
 	waiters   map[chan waitAnswer]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}
 	done      bool            // cleaned, and durable: waiters are answered at once
-	startAck  chan api.Record // exec.start's answer, sent once its first transition is durable
+	startAck  chan waitAnswer // exec.start's answer, sent once its first transition is durable
 
 	// committed is the furthest state whose record's write came back from
 	// the store (durable, or failed and retried: markDirty); cancelAcks
