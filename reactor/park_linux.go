@@ -34,13 +34,6 @@ const (
 	// stdout stream reads it and exec.write types into it; such an
 	// execution has no stdout, stderr or stdin pipe.
 	RolePTY = "pty"
-	// RolePool marked, in an earlier version, a pooled dispatch under way
-	// (an empty memfd: systemd keeps one copy of a file stored twice,
-	// under its first name, so it could not be the entry's pidfd). This
-	// one parks RoleExec instead; a restart still reads an earlier
-	// image's mark: with no pidfd, whether the command ran cannot be told,
-	// and the execution ends lost.
-	RolePool = "pool"
 	// RoleExec is the read end of a pooled shim's exec-error pipe, parked
 	// with the pipes and before the pidfd while its dispatch is under way
 	// (from before the dispatch is sent until the shim's answer): a

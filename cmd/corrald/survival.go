@@ -47,14 +47,14 @@ type survival struct {
 	// others could not be.
 	adopt []reactor.Adoptee
 	// neverRan are the started records whose command was never let run:
-	// nothing parked, no pooled dispatch under way, nothing in the scope
-	// the backend names for them. They end start_failed, not lost.
+	// their shim's exec-error pipe says so (reactor.RoleExec), or nothing
+	// was parked and nothing is in the scope the backend names for them.
+	// They end start_failed, not lost.
 	neverRan map[string]bool
-	// dispatching are the started records whose pooled dispatch was under
-	// way (an earlier image's RolePool mark) with no pidfd parked, and
-	// undecided those whose shim had neither exec'd nor failed within
-	// execFate's wait: whether the command ran cannot be told.
-	dispatching, undecided map[string]bool
+	// undecided are the started records whose shim had neither exec'd nor
+	// failed within execFate's wait: whether the command ran cannot be
+	// told.
+	undecided map[string]bool
 }
 
 // takeSurvival reads what was passed to this process and what the host
@@ -140,18 +140,10 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 		return
 	}
 	sv.neverRan = map[string]bool{}
-	sv.dispatching, sv.undecided = map[string]bool{}, map[string]bool{}
+	sv.undecided = map[string]bool{}
 	for _, rec := range recs {
 		fds := sv.byID[rec.ID]
 		_, hasPidfd := fds[reactor.RolePidfd]
-		// A pooled dispatch's mark is read here and goes: no image adopts it.
-		pfd, dispatching := fds[reactor.RolePool]
-		if dispatching {
-			_, _ = systemd.Remove(reactor.FdName(rec.ID, reactor.RolePool))
-			unix.Close(pfd)
-			delete(fds, reactor.RolePool)
-			sv.dispatching[rec.ID] = !hasPidfd
-		}
 		// A shim still starting the command at the crash (held before its
 		// release, or taking a pooled dispatch): its exec-error pipe tells
 		// whether it ran it (reactor.RoleExec).
@@ -170,11 +162,12 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 			}
 			unix.Close(xfd)
 		}
-		if rec.State == api.StateStarted && !hasPidfd && !dispatching && !sv.undecided[rec.ID] {
-			// Nothing parked and no dispatch under way: the command was let
-			// run only if its scope holds a process (the moment between a
-			// held child's release and the park); a held child that was
-			// never released aborted when corrald died.
+		if rec.State == api.StateStarted && !hasPidfd && !sv.undecided[rec.ID] {
+			// Nothing parked (a shim's start parks before its release or
+			// dispatch): the command was let run only if its scope holds a
+			// process (a start without a held shim, between its fork and
+			// the park); a held child that was never released aborted when
+			// corrald died.
 			if so, ok := backend.(scope.ScopeOf); ok {
 				if name := so.ScopeOf(rec.ID, 0); name != "" && !so.Populated(name) {
 					sv.neverRan[rec.ID] = true
@@ -276,8 +269,6 @@ func (sv *survival) lostWhy(rec api.Record) string {
 	switch {
 	case sv.neverRan[rec.ID]:
 		return reactor.StartFailedRestart
-	case rec.State == api.StateStarted && sv.dispatching[rec.ID]:
-		return "corrald restarted during the pooled dispatch of the command, which may have run; its scope was killed"
 	case rec.State == api.StateStarted && sv.undecided[rec.ID]:
 		return "corrald restarted while its shim was starting the command, which neither ran nor failed in the 3 s waited for it and may have run; its scope was killed"
 	case rec.State == api.StateStarted:
