@@ -3,6 +3,8 @@ package reactor
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -98,7 +100,11 @@ func TestAdoptAfterCrash(t *testing.T) {
 		}
 		return rec.ID
 	}
-	exit7 := start(api.StartParams{Argv: []string{"sh", "-c", "echo one; sleep 0.5; echo two; exit 7"}})
+	// The second line is written once the test says so, after the crash
+	// (it waits in the pipe for the adopter): a fixed sleep could pass
+	// before a loaded host's poll below saw the first line alone.
+	gate := filepath.Join(t.TempDir(), "two")
+	exit7 := start(api.StartParams{Argv: []string{"sh", "-c", `echo one; while [ ! -e "$0" ]; do sleep 0.01; done; echo two; exit 7`, gate}})
 	cat := start(api.StartParams{Argv: []string{"cat"}, StdinOpen: true})
 	timeout := start(api.StartParams{Argv: []string{"sleep", "30"}, TimeoutMS: 300, GraceMS: 100})
 	deadline := time.Now().Add(10 * time.Second)
@@ -114,6 +120,9 @@ func TestAdoptAfterCrash(t *testing.T) {
 	}
 	crash()
 	if err := <-done1; err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(400 * time.Millisecond) // the timeout falls due meanwhile
