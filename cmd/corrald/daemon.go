@@ -91,7 +91,7 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	// Scopes first, then records: the records of executions whose scopes
 	// the backend could not see (another cgroup base) are killed by path.
 	cleanLeftoverScopes(ctx, backend, sv.keepScope, log)
-	recoverExecutions(st, host, c.stateDir, sv, log)
+	sv.release(recoverExecutions(st, host, c.stateDir, sv, log))
 	sweepCtx, stopSweep := context.WithCancel(context.Background())
 	defer stopSweep()
 	store.StartSweeper(sweepCtx, st, log, c.retention, 0)
@@ -191,8 +191,9 @@ func cleanLeftoverScopes(ctx context.Context, backend scope.Backend, keep func(s
 // before anything new starts: running ones are lost (their scopes were
 // killed by cleanLeftoverScopes, or by path here), and their workspaces go.
 // Then, since nothing runs yet, whatever else is in the workspace root is
-// debris and goes too. Failures are logged.
-func recoverExecutions(st store.Store, host scope.Host, stateDir string, sv *survival, log zerolog.Logger) {
+// debris and goes too. Failures are logged; it reports whether the settled
+// records were written.
+func recoverExecutions(st store.Store, host scope.Host, stateDir string, sv *survival, log zerolog.Logger) bool {
 	opts := store.RecoverOptions{
 		Skip: func(rec api.Record) bool { return sv.adopted(rec.ID) },
 		Why:  sv.lostWhy,
@@ -218,6 +219,7 @@ func recoverExecutions(st store.Store, host scope.Host, stateDir string, sv *sur
 	if err != nil {
 		log.Error().Err(err).Msg("recover unfinished executions")
 	}
+	settled := err == nil
 	if n > 0 {
 		log.Warn().Int("count", n).Msg("settled executions left by an earlier run")
 	}
@@ -241,6 +243,7 @@ func recoverExecutions(st store.Store, host scope.Host, stateDir string, sv *sur
 			}
 		}
 	}
+	return settled
 }
 
 // newReactor configures the reactor from the flags and what the earlier

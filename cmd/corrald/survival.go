@@ -47,14 +47,22 @@ type survival struct {
 	// others could not be.
 	adopt []reactor.Adoptee
 	// neverRan are the started records whose command was never let run:
-	// their shim's exec-error pipe says so (reactor.RoleExec), or nothing
-	// was parked and nothing is in the scope the backend names for them.
-	// They end start_failed, not lost.
+	// their shim's exec-error pipe says so (reactor.RoleExec), or (where
+	// every start is parked before it may run, see plan) nothing was
+	// parked and nothing is in the scope the backend names for them. They
+	// end start_failed, not lost.
 	neverRan map[string]bool
 	// undecided are the started records whose shim had neither exec'd nor
-	// failed within execFate's wait: whether the command ran cannot be
+	// failed within execFates' wait: whether the command ran cannot be
 	// told.
 	undecided map[string]bool
+	// ran are the started records whose shim exec'd the command (its
+	// exec-error pipe says so).
+	ran map[string]bool
+	// execWait bounds execFates' wait; 0: 3 s. fdRemove takes a name out
+	// of the fd store; nil: systemd.Remove. (Both for tests.)
+	execWait time.Duration
+	fdRemove func(name string)
 }
 
 // takeSurvival reads what was passed to this process and what the host
@@ -133,6 +141,13 @@ func lockScopes(backend scope.Backend) (io.Closer, error) {
 // plan decides, for every unfinished record, whether it is adopted (its
 // pidfd was passed back, or it only had its cleanup left and its kept
 // output is spooled) or lost, and why.
+//
+// The fds of the records not adopted stay in the fd store until release,
+// called once their settled records are durable, so that a second crash
+// in between decides the same way again; only their pidfds leave it here,
+// first: a restart that found one would adopt a shim that is gone (a
+// report read from the exec-error pipe cannot be read twice: the next
+// read sees EOF, as if the command had been exec'd).
 func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string, log zerolog.Logger) {
 	recs, err := st.Unfinished()
 	if err != nil {
@@ -141,32 +156,58 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 	}
 	sv.neverRan = map[string]bool{}
 	sv.undecided = map[string]bool{}
+	sv.ran = map[string]bool{}
+	// A shim still starting the command at the crash (held before its
+	// release, or taking a pooled dispatch): its exec-error pipe tells
+	// whether it ran it (reactor.RoleExec). All are waited for at once.
+	pipes := map[string]int{}
+	for _, rec := range recs {
+		if xfd, ok := sv.byID[rec.ID][reactor.RoleExec]; ok && rec.State == api.StateStarted {
+			pipes[rec.ID] = xfd
+		}
+	}
+	wait := sv.execWait
+	if wait == 0 {
+		wait = 3 * time.Second
+	}
+	fates := execFates(pipes, wait)
+	// "Nothing parked and an empty scope: never ran" holds only where every
+	// start is parked before its command may run: the fd store is on and
+	// the backend places held children (scope.PlaceHeld). Without an fd
+	// store nothing is ever parked; at clone (cgroup) a command is parked
+	// only after it started; a pooled command runs in its pool entry's
+	// scope, not the one ScopeOf names for its id.
+	parkedFirst := sv.info.FdStore && backend.Placement() == scope.PlaceHeld
 	for _, rec := range recs {
 		fds := sv.byID[rec.ID]
 		_, hasPidfd := fds[reactor.RolePidfd]
-		// A shim still starting the command at the crash (held before its
-		// release, or taking a pooled dispatch): its exec-error pipe tells
-		// whether it ran it (reactor.RoleExec).
 		if xfd, ok := fds[reactor.RoleExec]; ok {
-			delete(fds, reactor.RoleExec)
-			_, _ = systemd.Remove(reactor.FdName(rec.ID, reactor.RoleExec))
-			if rec.State == api.StateStarted && hasPidfd {
-				switch ran, known := execFate(xfd, 3*time.Second); {
-				case !known:
+			drop := true // done with: the shim exec'd, or the record is past its start
+			if rec.State == api.StateStarted {
+				switch fates[rec.ID] {
+				case fateRan:
+					// Without its pidfd it cannot be taken over: lost.
+					sv.ran[rec.ID] = true
+					drop = hasPidfd
+				case fateNeverRan:
+					hasPidfd = false // the shim is gone
+					sv.neverRan[rec.ID] = true
+					drop = false
+				default:
 					hasPidfd = false // lost: it may have run (its scope is killed)
 					sv.undecided[rec.ID] = true
-				case !ran:
-					hasPidfd = false // its fds are closed below, the shim is gone
-					sv.neverRan[rec.ID] = true
+					drop = false
 				}
 			}
-			unix.Close(xfd)
-		}
-		if rec.State == api.StateStarted && !hasPidfd && !sv.undecided[rec.ID] {
+			if drop {
+				delete(fds, reactor.RoleExec)
+				sv.remove(reactor.FdName(rec.ID, reactor.RoleExec))
+				unix.Close(xfd)
+			}
+		} else if rec.State == api.StateStarted && len(fds) == 0 && parkedFirst {
 			// Nothing parked (a shim's start parks before its release or
 			// dispatch): the command was let run only if its scope holds a
-			// process (a start without a held shim, between its fork and
-			// the park); a held child that was never released aborted when
+			// process; a held child that was never released aborted when
 			// corrald died.
 			if so, ok := backend.(scope.ScopeOf); ok {
 				if name := so.ScopeOf(rec.ID, 0); name != "" && !so.Populated(name) {
@@ -207,38 +248,87 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 		delete(sv.byID, rec.ID)
 		sv.adopt = append(sv.adopt, a)
 	}
-	// Fds of executions nobody will adopt (finished meanwhile): out of the
-	// store, and closed.
+	// Fds of executions nobody will adopt: their pidfds out of the store
+	// now, the rest by release.
+	for id, fds := range sv.byID {
+		if fd, ok := fds[reactor.RolePidfd]; ok {
+			sv.remove(reactor.FdName(id, reactor.RolePidfd))
+			unix.Close(fd)
+			delete(fds, reactor.RolePidfd)
+		}
+	}
+}
+
+// release takes the fds of the executions not adopted out of the fd store
+// and closes them, once their settled records are durable (settled false:
+// they may not be; the fds stay stored for the next start to decide).
+func (sv *survival) release(settled bool) {
 	for id, fds := range sv.byID {
 		for role, fd := range fds {
-			_, _ = systemd.Remove(reactor.FdName(id, role))
+			if settled {
+				sv.remove(reactor.FdName(id, role))
+			}
 			unix.Close(fd)
 		}
 	}
 	sv.byID = nil
 }
 
-// execFate reads a shim's exec-error pipe (reactor.RoleExec) passed back
-// after a crash while it was starting the command, waiting up to d for the
-// shim to get that far: it exec'd the command (EOF without a report: ran),
-// or ran nothing (a report: never released or dispatched,
-// shim.OpParentGone, or its exec failed), or neither within d (known
-// false: the shim still sets up, or hangs).
-func execFate(fd int, d time.Duration) (ran, known bool) {
+// remove takes name out of the fd store.
+func (sv *survival) remove(name string) {
+	if sv.fdRemove != nil {
+		sv.fdRemove(name)
+		return
+	}
+	_, _ = systemd.Remove(name)
+}
+
+// fate is what a shim's exec-error pipe says of its command.
+type fate int
+
+const (
+	fateUnknown  fate = iota // neither exec'd nor failed within the wait
+	fateRan                  // EOF without a report: exec'd
+	fateNeverRan             // a report: nothing ran
+)
+
+// execFates reads the shims' exec-error pipes (reactor.RoleExec, by id)
+// passed back after a crash while they were starting their commands,
+// waiting up to d in all for the shims to get that far: each exec'd the
+// command (EOF without a report: ran), or ran nothing (a report: never
+// released or dispatched, shim.OpParentGone, or its exec failed), or
+// neither within d (unknown: the shim still sets up, or hangs).
+func execFates(pipes map[string]int, d time.Duration) map[string]fate {
+	out := make(map[string]fate, len(pipes))
+	pending := make(map[string]int, len(pipes))
+	for id, fd := range pipes {
+		pending[id] = fd
+	}
 	deadline := time.Now().Add(d)
 	for {
-		rep, err := shim.ReadExecError(fd)
-		switch {
-		case err == nil:
-			return rep == nil, true
-		case !errors.Is(err, shim.ErrPending):
-			return false, false
+		for id, fd := range pending {
+			rep, err := shim.ReadExecError(fd)
+			switch {
+			case err == nil && rep == nil:
+				out[id] = fateRan
+			case err == nil:
+				out[id] = fateNeverRan
+			case !errors.Is(err, shim.ErrPending):
+				out[id] = fateUnknown
+			default:
+				continue
+			}
+			delete(pending, id)
 		}
 		left := time.Until(deadline)
-		if left <= 0 {
-			return false, false
+		if len(pending) == 0 || left <= 0 {
+			return out
 		}
-		_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(min(left, 100*time.Millisecond).Milliseconds())+1)
+		pfds := make([]unix.PollFd, 0, len(pending))
+		for _, fd := range pending {
+			pfds = append(pfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+		}
+		_, _ = unix.Poll(pfds, int(min(left, 100*time.Millisecond).Milliseconds())+1)
 	}
 }
 
@@ -269,6 +359,8 @@ func (sv *survival) lostWhy(rec api.Record) string {
 	switch {
 	case sv.neverRan[rec.ID]:
 		return reactor.StartFailedRestart
+	case rec.State == api.StateStarted && sv.ran[rec.ID]:
+		return "corrald restarted while the execution was starting, after its shim exec'd the command, and its pidfd was not in the fd store to take it over; its scope was killed"
 	case rec.State == api.StateStarted && sv.undecided[rec.ID]:
 		return "corrald restarted while its shim was starting the command, which neither ran nor failed in the 3 s waited for it and may have run; its scope was killed"
 	case rec.State == api.StateStarted:
