@@ -204,11 +204,11 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 				sv.remove(reactor.FdName(rec.ID, reactor.RoleExec))
 				unix.Close(xfd)
 			}
-		} else if rec.State == api.StateStarted && len(fds) == 0 && parkedFirst {
-			// Nothing parked (a shim's start parks before its release or
-			// dispatch): the command was let run only if its scope holds a
-			// process; a held child that was never released aborted when
-			// corrald died.
+		} else if rec.State == api.StateStarted && !hasPidfd && parkedFirst {
+			// Not parked, or not all of it (a shim's start parks before its
+			// release or dispatch, the pidfd last): the command was let run
+			// only if its scope holds a process; a held child that was never
+			// released aborted when corrald died.
 			if so, ok := backend.(scope.ScopeOf); ok {
 				if name := so.ScopeOf(rec.ID, 0); name != "" && !so.Populated(name) {
 					sv.neverRan[rec.ID] = true
