@@ -159,27 +159,36 @@ func TestRestartNeverRanOnlyWhereStartsParkFirst(t *testing.T) {
 // (not even by the empty-scope rule, which a command that ran and exited
 // satisfies).
 func TestRestartReadsExecPipeWithoutPidfd(t *testing.T) {
-	st := store.NewMemory()
-	startedRecord(t, st, "rep")
-	startedRecord(t, st, "eof")
-	rRep, wRep := execPipe(t)
-	wRep.report(t)
-	rEOF, wEOF := execPipe(t)
-	wEOF.close()
-	sv, _ := planned(t, st, fakeBackend{scope.PlaceHeld, false}, true, map[string]map[string]int{
-		"rep": {reactor.RoleExec: rRep, reactor.RoleStdout: devNull(t)},
-		"eof": {reactor.RoleExec: rEOF, reactor.RoleStdout: devNull(t)},
+	t.Run("report", func(t *testing.T) {
+		st := store.NewMemory()
+		startedRecord(t, st, "rep")
+		r, w := execPipe(t)
+		w.report(t)
+		// Its scope has processes: only the pipe can tell it never ran.
+		sv, _ := planned(t, st, fakeBackend{scope.PlaceHeld, true}, true, map[string]map[string]int{
+			"rep": {reactor.RoleExec: r, reactor.RoleStdout: devNull(t)},
+		})
+		if !sv.neverRan["rep"] {
+			t.Errorf("a report on its exec-error pipe (no pidfd), but not never ran")
+		}
 	})
-	if !sv.neverRan["rep"] {
-		t.Errorf("rep: a report on its exec-error pipe (no pidfd), but not never ran")
-	}
-	if sv.neverRan["eof"] || sv.adopted("eof") {
-		t.Errorf("eof: exec'd (EOF) without a pidfd: never ran %v, adopted %v; want lost", sv.neverRan["eof"], sv.adopted("eof"))
-	}
-	rec, _, _ := st.Get("eof")
-	if why := sv.lostWhy(rec); !strings.Contains(why, "exec'd the command") {
-		t.Errorf("eof: error %q, want it to say the shim exec'd the command", why)
-	}
+	t.Run("eof", func(t *testing.T) {
+		st := store.NewMemory()
+		startedRecord(t, st, "eof")
+		r, w := execPipe(t)
+		w.close()
+		// Its scope is empty: the command ran and exited.
+		sv, _ := planned(t, st, fakeBackend{scope.PlaceHeld, false}, true, map[string]map[string]int{
+			"eof": {reactor.RoleExec: r, reactor.RoleStdout: devNull(t)},
+		})
+		if sv.neverRan["eof"] || sv.adopted("eof") {
+			t.Errorf("exec'd (EOF) without a pidfd: never ran %v, adopted %v; want lost", sv.neverRan["eof"], sv.adopted("eof"))
+		}
+		rec, _, _ := st.Get("eof")
+		if why := sv.lostWhy(rec); !strings.Contains(why, "exec'd the command") {
+			t.Errorf("error %q, want it to say the shim exec'd the command", why)
+		}
+	})
 }
 
 // A record not adopted keeps its fds in the store until its settled
