@@ -182,24 +182,21 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 		fds := sv.byID[rec.ID]
 		_, hasPidfd := fds[reactor.RolePidfd]
 		if xfd, ok := fds[reactor.RoleExec]; ok {
-			drop := true // done with: the shim exec'd, or the record is past its start
+			// Of a started record it stays stored until the record is
+			// taken over, or settled (release).
 			if rec.State == api.StateStarted {
 				switch fates[rec.ID] {
 				case fateRan:
 					// Without its pidfd it cannot be taken over: lost.
 					sv.ran[rec.ID] = true
-					drop = hasPidfd
 				case fateNeverRan:
 					hasPidfd = false // the shim is gone
 					sv.neverRan[rec.ID] = true
-					drop = false
 				default:
 					hasPidfd = false // lost: it may have run (its scope is killed)
 					sv.undecided[rec.ID] = true
-					drop = false
 				}
-			}
-			if drop {
+			} else { // past its start
 				delete(fds, reactor.RoleExec)
 				sv.remove(reactor.FdName(rec.ID, reactor.RoleExec))
 				unix.Close(xfd)
@@ -240,6 +237,11 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 		if b, ok, err := st.Params(rec.ID); err != nil || !ok || json.Unmarshal(b, &p) != nil {
 			log.Warn().Err(err).Str("exec_id", rec.ID).Msg("survival: no stored params; the execution is lost")
 			continue
+		}
+		if xfd, ok := fds[reactor.RoleExec]; ok { // exec'd: the pipe has no more to say
+			delete(fds, reactor.RoleExec)
+			sv.remove(reactor.FdName(rec.ID, reactor.RoleExec))
+			unix.Close(xfd)
 		}
 		a := reactor.Adoptee{Record: rec, Params: p, Fds: fds}
 		if he, ok := sv.handover[rec.ID]; ok {
