@@ -79,7 +79,9 @@ func (q *queuedWriter) offer(b []byte) bool {
 
 // run writes the queued entries until the queue is empty. Entries are
 // queued under q.mu, so the queue seen empty under it stays empty until
-// the next offer, which starts run again.
+// the next offer, which starts run again. Once the queue drained it
+// queues the notice of the entries dropped itself: a daemon that logs
+// nothing more after a stall still says where its gap is.
 func (q *queuedWriter) run() {
 	for {
 		select {
@@ -90,6 +92,7 @@ func (q *queuedWriter) run() {
 		default:
 		}
 		q.mu.Lock()
+		q.noticeLocked()
 		if len(q.q) == 0 {
 			q.running = false
 			q.mu.Unlock()

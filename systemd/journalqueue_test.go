@@ -93,3 +93,40 @@ func TestQueuedWriterNeverBlocks(t *testing.T) {
 		t.Errorf("%d entries kept, want 4 or 5 (%q)", kept, got)
 	}
 }
+
+// The notice of a gap does not wait for the next entry: a daemon that
+// logs nothing more once the journal reads again (tests/systemd
+// TestJournaldStalledDoesNotStallCorrald at 22f38c2, in CI) still gets it
+// into the journal, after the entries queued before the gap.
+func TestQueuedWriterNoticeNeedsNoFurtherEntry(t *testing.T) {
+	w := &stalledWriter{open: make(chan struct{})}
+	q := newQueuedWriter(w, 4)
+	for i := 0; i < 20; i++ {
+		fmt.Fprintf(q, `{"message":"m%d"}`+"\n", i)
+	}
+	close(w.open)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := w.lines()
+		if n := len(got); n > 0 && strings.Contains(got[n-1], "log entries dropped") {
+			// Every entry is either in the journal or counted by a notice.
+			kept, dropped := 0, 0
+			for _, line := range got {
+				var k int
+				if _, err := fmt.Sscanf(line, `{"level":"warn","component":"journal","dropped":%d`, &k); err == nil {
+					dropped += k
+				} else if strings.HasPrefix(line, `{"message":"m`) {
+					kept++
+				}
+			}
+			if kept+dropped != 20 || kept == 0 {
+				t.Errorf("%d entries kept and %d reported dropped, want 20 in all: %q", kept, dropped, got)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no notice of the dropped entries 10 s after the journal reads again, with nothing more written: %q", got)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
