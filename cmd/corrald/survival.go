@@ -445,15 +445,17 @@ func handover(c *config, r *reactor.Reactor, ln *net.UnixListener, activated boo
 		if !systemd.FlushNotify(5 * time.Second) {
 			log.Warn().Msg("handover: fd store messages still unread by systemd are dropped by the exec; those executions would not survive a crash")
 		}
-		// The watchdog runs on through a reload: the new image's first
-		// ping comes once its loop runs, so this one covers the exec and
-		// its start-up (without it, the last ping up to WatchdogSec/2 ago
-		// plus a handover slowed by load passed WatchdogSec: systemd
-		// aborted the new image right after it took over).
-		systemd.Watchdog()
 		// The log entries still queued for the journal (systemd.JournalWriter)
 		// die with this image too.
 		systemd.FlushJournal(2 * time.Second)
+		// The watchdog runs on through a reload: the new image's first
+		// ping comes once its loop runs, so this one, right before the
+		// exec (after the flushes, which may take seconds with journald
+		// stalled), covers the exec and its start-up (without it, the last
+		// ping up to WatchdogSec/2 ago plus a handover slowed by load
+		// passed WatchdogSec: systemd aborted the new image right after it
+		// took over).
+		systemd.Watchdog()
 		err = syscall.Exec(exe, os.Args, env)
 		// Still here: exec failed before it replaced the image.
 		for fd := range h.Fds {
