@@ -3,6 +3,7 @@ package reactor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"sort"
@@ -25,6 +26,14 @@ type fakeFdStore struct {
 	mu      sync.Mutex
 	fds     map[string]int
 	removed []string // names passed to Remove, in order
+	// queued: what is stored or removed waits in the process and never
+	// reaches systemd (busy): Sync reports false.
+	queued bool
+	syncs  int // Sync calls
+	// failRemove is how many Removes of a name fail (and keep its fd).
+	failRemove map[string]int
+	// beforeRemove, when set, sees each Remove's name (under mu) first.
+	beforeRemove func(name string)
 }
 
 func (f *fakeFdStore) Store(name string, fd int) error {
@@ -44,12 +53,26 @@ func (f *fakeFdStore) Store(name string, fd int) error {
 func (f *fakeFdStore) Remove(name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.beforeRemove != nil {
+		f.beforeRemove(name)
+	}
 	f.removed = append(f.removed, name)
+	if f.failRemove[name] > 0 {
+		f.failRemove[name]--
+		return errors.New("remove refused (test)")
+	}
 	if fd, ok := f.fds[name]; ok {
 		unix.Close(fd)
 		delete(f.fds, name)
 	}
 	return nil
+}
+
+func (f *fakeFdStore) Sync(time.Duration) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.syncs++
+	return !f.queued
 }
 
 // passBack hands duplicates of id's stored fds to the next reactor, by role.

@@ -8,6 +8,7 @@ package reactor
 import (
 	"os"
 	"strings"
+	"time"
 
 	"github.com/corral-dev/corral/api"
 )
@@ -18,10 +19,23 @@ import (
 // a new child's fds off the loop (parkSpawned), the loop removes them.
 // For one name, a Store happens before its Remove: the loop sees a
 // child's parked roles only in what spawn posts after parking them.
+//
+// A Store or Remove that returned nil may still wait in the process (the
+// service manager slow to read its messages, under load): a crash would
+// lose it. Sync waits up to d until everything stored or removed so far
+// has reached the service manager, and reports whether it did; it returns
+// at once when nothing waits. Spawn calls it (never the loop) before it
+// lets a command run on the strength of what it parked, and before it
+// kills a child whose parked fds it took back.
 type FdStore interface {
 	Store(name string, fd int) error
 	Remove(name string) error
+	Sync(d time.Duration) bool
 }
+
+// parkSyncWait bounds how long spawn waits for what it parked (or took
+// back) to reach the service manager (FdStore.Sync).
+const parkSyncWait = time.Second
 
 // Fd roles of an execution. Others may be added; an adopted execution's
 // fds are looked up by these names.
@@ -124,8 +138,43 @@ func (r *Reactor) parkSpawned(e *execution, sp *spawned, execFd int) bool {
 	return ok && park(RoleStdin, sp.stdin) && park(RoleExec, execFd) && park(RolePidfd, sp.pidfd)
 }
 
-// unparkRole takes role out of the fd store and of what spawn parked.
-// Spawn's goroutine.
+// parkBeforeLaunch parks a child's fds (parkSpawned) before the command is
+// let run (a held shim's release, a pooled one's dispatch), and reports
+// whether they reached the service manager: parked, pidfd last, and not
+// left waiting in the process's queue, where a crash would lose them. When
+// it reports false the command must not be let run (the caller takes back
+// what was parked, unparkBeforeKill). Spawn's goroutine.
+func (r *Reactor) parkBeforeLaunch(e *execution, sp *spawned, execFd int) bool {
+	if !r.parkSpawned(e, sp, execFd) {
+		return false
+	}
+	if !r.cfg.FdStore.Sync(parkSyncWait) {
+		r.log.Warn().Str("exec_id", e.id).Dur("waited", parkSyncWait).Msg("fd store: the parked fds did not reach the service manager; not letting the command run from here")
+		return false
+	}
+	return true
+}
+
+// unparkBeforeKill takes back what spawn parked for a child that will be
+// killed without running the command (a held shim not released, a pooled
+// one discarded, a failed exec), and waits (bounded) for the removes to
+// reach the service manager. It must come before the kill: a crash between
+// the kill and the removes would leave a restart reading EOF on the
+// exec-error pipe of a shim that died without a report, taking the command
+// for run. Spawn's goroutine.
+func (r *Reactor) unparkBeforeKill(e *execution, sp *spawned) {
+	if len(sp.parked) == 0 {
+		return
+	}
+	r.unparkSpawned(e, sp)
+	if !r.cfg.FdStore.Sync(parkSyncWait) {
+		r.log.Warn().Str("exec_id", e.id).Dur("waited", parkSyncWait).Msg("fd store: removes did not reach the service manager; killing the unstarted child anyway")
+	}
+}
+
+// unparkRole takes role out of the fd store and of what spawn parked. A
+// role whose Remove failed stays in sp.parked, so that the loop's cleanup
+// (unparkFds) tries again. Spawn's goroutine.
 func (r *Reactor) unparkRole(e *execution, sp *spawned, role string) {
 	keep := sp.parked[:0]
 	for _, ro := range sp.parked {
@@ -134,7 +183,8 @@ func (r *Reactor) unparkRole(e *execution, sp *spawned, role string) {
 			continue
 		}
 		if err := r.cfg.FdStore.Remove(FdName(e.id, ro)); err != nil {
-			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", ro).Msg("fd store: remove")
+			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", ro).Msg("fd store: remove; cleanup tries again")
+			keep = append(keep, ro)
 		}
 	}
 	sp.parked = keep

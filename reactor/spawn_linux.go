@@ -304,13 +304,16 @@ func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp
 	// exec-error pipe (RoleExec): once it is, the command may run, in the
 	// pool entry's scope, which the execution's id does not name, and a
 	// restart after a crash from here on reads on that pipe whether it
-	// did. Where that cannot be parked, not through the pool: a crash
-	// mid-dispatch could not be told from one before it.
-	if r.cfg.FdStore != nil && pe.pidfd >= 0 {
+	// did. Where that cannot be parked (no pidfd, a failed store, or the
+	// messages still wait in the process for systemd to read them), not
+	// through the pool: a crash mid-dispatch could not be told from one
+	// before it.
+	if r.cfg.FdStore != nil {
 		sp.pidfd = pe.pidfd
-		parked := r.parkSpawned(e, sp, pe.h.ErrFD())
+		parked := pe.pidfd >= 0 && r.parkBeforeLaunch(e, sp, pe.h.ErrFD())
 		if !parked {
-			r.unparkSpawned(e, sp)
+			// Taken back before the entry's shim is killed (discard).
+			r.unparkBeforeKill(e, sp)
 			sp.pidfd = -1
 			r.pool.discard(pe)
 			return false
@@ -318,9 +321,11 @@ func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp
 	}
 	xerr, ok := r.dispatchPooled(pe, cfg, lp.limits, stdio.stdin, stdio.stdout, stdio.stderr)
 	if !ok {
-		// Nothing ran (the entry is discarded): the caller starts inline.
-		r.unparkSpawned(e, sp)
+		// Nothing ran: the caller starts inline. What was parked is taken
+		// back before the entry's shim is killed (discard).
+		r.unparkBeforeKill(e, sp)
 		sp.pidfd = -1
+		r.pool.discard(pe)
 		return false
 	}
 	stdio.close()
@@ -373,18 +378,30 @@ func (r *Reactor) startInline(e *execution, lp launchPlan, stdio *childStdio, sp
 	// its exec-error pipe (RoleExec): a restart after a crash from there
 	// on reads on that pipe whether the shim was released and exec'd the
 	// command (EOF), or was not and ran nothing (shim.OpParentGone).
-	var beforeRelease func(*placed)
+	// Where that cannot be parked (no pidfd, a failed store, or the
+	// messages still wait in the process for systemd to read them), the
+	// shim is not released: a crash after the release could not be told
+	// from one before it. The start fails instead.
+	var release *releaseHooks
 	if sh != nil && r.cfg.FdStore != nil {
-		beforeRelease = func(pl *placed) {
-			sp.pidfd = pl.pidfd
-			r.parkSpawned(e, sp, sh.ErrFD())
-			sp.pidfd = -1
+		release = &releaseHooks{
+			before: func(pl *placed) error {
+				sp.pidfd = pl.pidfd
+				parked := pl.pidfd >= 0 && r.parkBeforeLaunch(e, sp, sh.ErrFD())
+				sp.pidfd = -1
+				if !parked {
+					return errNotParked
+				}
+				return nil
+			},
+			// Before the held shim is aborted and killed (unstart).
+			undo: func() { r.unparkBeforeKill(e, sp) },
 		}
 	}
-	pl, err := r.startPlaced(ctx, scope.Spec{ID: e.id, Argv: p.Argv, Cmd: cmd, Limits: lp.limits}, sh, beforeRelease)
+	pl, err := r.startPlaced(ctx, scope.Spec{ID: e.id, Argv: p.Argv, Cmd: cmd, Limits: lp.limits}, sh, release)
 	stdio.close()
 	if err != nil {
-		r.unparkSpawned(e, sp)
+		r.unparkSpawned(e, sp) // already taken back by startPlaced (undo) when parked
 		sp.closeFds()
 		sp.fail(err)
 		return
@@ -454,6 +471,10 @@ func (r *Reactor) waitShimExec(e *execution, sh *shim.Handle, sp *spawned) {
 	// Exec'd: the pipe has nothing more to say.
 	r.unparkRole(e, sp, RoleExec)
 }
+
+// errNotParked fails a held start whose fds could not be parked in the fd
+// store before its release (see startInline): nothing ran.
+var errNotParked = errors.New("fd store: the execution's fds could not be parked with systemd before the command was let run (systemd slow to read, or the store failed), so it was not started: a crash of corrald could not have told whether it ran")
 
 // closeFds closes the parent ends of the pipes.
 func (sp *spawned) closeFds() {
@@ -529,7 +550,7 @@ func otherNetns(pid int32) bool {
 // pidfd and pipes, and removes its scope. It returns err, for the failed
 // start.
 func (r *Reactor) undoStart(e *execution, sp *spawned, err error) error {
-	r.unparkSpawned(e, sp)
+	r.unparkBeforeKill(e, sp)
 	pl := placed{proc: sp.proc, pidfd: sp.pidfd, sc: sp.sc}
 	r.unstart(&pl, e.id)
 	sp.proc, sp.pidfd, sp.sc = nil, -1, nil

@@ -37,10 +37,9 @@ type placed struct {
 // scope removed. The caller closes its own ends of the child's stdio either
 // way. Blocking (D-Bus under systemd, fork): never on the loop goroutine.
 //
-// beforeRelease, when set, runs once a held shim is in its scope, right
-// before its release (with the placed child: its process and pidfd); it
-// does not run for a child that is not held.
-func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Handle, beforeRelease func(*placed)) (placed, error) {
+// release, when set, hooks a held shim's release (see releaseHooks); it
+// does nothing for a child that is not held.
+func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Handle, release *releaseHooks) (placed, error) {
 	pl := placed{pidfd: -1}
 	cmd := spec.Cmd
 	if r.cfg.Backend.Placement() == scope.PlaceHeld && (sh == nil || !sh.Held()) {
@@ -77,6 +76,7 @@ func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Han
 		return pl, fmt.Errorf("exec %q: %w", spec.Argv[0], err)
 	}
 	pl.proc, pl.sc = cmd.Process, sc
+	hooked := false // release.before ran
 	if !r.cfg.NoPidfd {
 		pl.pidfd = dupPidfd(cmd.Process)
 	}
@@ -86,18 +86,24 @@ func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Han
 	} else if sh != nil {
 		// Placed: the child may go on. A no-op for a shim that was not
 		// held, and for a pooled one (it waits for Dispatch).
-		if held && beforeRelease != nil {
-			beforeRelease(&pl)
+		if held && release != nil {
+			hooked = true
+			err = release.before(&pl)
 		}
-		if held {
-			pl.launched = time.Now()
-		}
-		if rerr := sh.Release(); rerr != nil {
-			err = fmt.Errorf("release shim: %w", rerr)
+		if err == nil {
+			if held {
+				pl.launched = time.Now()
+			}
+			if rerr := sh.Release(); rerr != nil {
+				err = fmt.Errorf("release shim: %w", rerr)
+			}
 		}
 	}
 	if err != nil {
 		// The child never left the hold (or never reached its scope).
+		if hooked {
+			release.undo() // before the child is aborted and killed
+		}
 		if sh != nil {
 			sh.Abort()
 		}
@@ -105,6 +111,17 @@ func (r *Reactor) startPlaced(ctx context.Context, spec scope.Spec, sh *shim.Han
 		return pl, err
 	}
 	return pl, nil
+}
+
+// releaseHooks hook a held shim's release (startPlaced). before runs once
+// the shim is in its scope, right before its release, with the placed
+// child (its process and pidfd); an error from it aborts the start: the
+// shim is not released. undo runs when the start fails after before ran
+// (before refused, or the release failed), before the child is aborted
+// and killed.
+type releaseHooks struct {
+	before func(*placed) error
+	undo   func()
 }
 
 // unstart ends a child that was started but will not run its command (it

@@ -91,6 +91,17 @@ type notifier struct {
 	// dropped counts queued messages given up on: the socket could not be
 	// reopened, or $NOTIFY_SOCKET was unset while they waited.
 	dropped int
+	// left counts the queued messages that left the queue (sent or
+	// dropped). The queue is in order, so the k-th to leave is the k-th
+	// queued (queued counts those): everything queued up to queued has
+	// reached the receiver (or was dropped) once left reaches it.
+	left int
+	// lastDrop is the number (1-based, in queued's count) of the last
+	// queued message dropped, 0: none.
+	lastDrop int
+	// moved, when set, is closed (and cleared) whenever a message leaves
+	// the queue: SyncNotify waits on it.
+	moved chan struct{}
 }
 
 // pendingMsg is a notification waiting for the receiver: its state and
@@ -200,7 +211,24 @@ func (n *notifier) dropPendingLocked() {
 		n.pending[i].closeFds()
 	}
 	n.dropped += len(n.pending)
+	n.leftLocked(len(n.pending), true)
 	n.pending = nil
+}
+
+// leftLocked notes that k queued messages left the queue, sent or (drop)
+// dropped, and wakes SyncNotify.
+func (n *notifier) leftLocked(k int, drop bool) {
+	if k == 0 {
+		return
+	}
+	n.left += k
+	if drop {
+		n.lastDrop = n.left
+	}
+	if n.moved != nil {
+		close(n.moved)
+		n.moved = nil
+	}
 }
 
 // drain sends pending in order, waiting (off the caller's goroutine) for
@@ -228,6 +256,7 @@ func (n *notifier) drain() {
 		case err == nil:
 			m.closeFds()
 			n.pending = n.pending[1:]
+			n.leftLocked(1, false)
 			continue
 		case errors.Is(err, unix.EAGAIN):
 			// Wait for room without the lock: senders queue meanwhile.
@@ -246,6 +275,7 @@ func (n *notifier) drain() {
 				if err == nil {
 					m.closeFds()
 					n.pending = n.pending[1:]
+					n.leftLocked(1, false)
 				}
 				continue
 			}
@@ -253,6 +283,7 @@ func (n *notifier) drain() {
 		m.closeFds()
 		n.pending = n.pending[1:]
 		n.dropped++
+		n.leftLocked(1, true)
 	}
 	n.pending = nil
 	n.draining = false
@@ -277,6 +308,43 @@ func FlushNotify(d time.Duration) bool {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// SyncNotify waits up to d until every notification sent so far has
+// reached the service manager's socket, and reports whether it did: false
+// when one still waits in the process's queue (see notifier) after d, or
+// one that waited when SyncNotify was called was dropped. It returns true
+// at once when nothing waits (the usual case: a sendmsg that did not queue
+// has reached the receiver). Not on a goroutine that must not block: it
+// may wait up to d.
+//
+// A message dropped before the call (between its send and SyncNotify) is
+// not seen: a drop means the socket could not be reopened at all.
+func SyncNotify(d time.Duration) bool {
+	n := &notifySock
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	target, from := n.queued, n.left // what waits now: from+1 .. target
+	if n.left >= target {
+		return true
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for n.left < target {
+		if n.moved == nil {
+			n.moved = make(chan struct{})
+		}
+		moved := n.moved
+		n.mu.Unlock()
+		select {
+		case <-moved:
+			n.mu.Lock()
+		case <-timer.C:
+			n.mu.Lock()
+			return n.left >= target && n.lastDrop <= from
+		}
+	}
+	return n.lastDrop <= from
 }
 
 func (n *notifier) openLocked(path string) error {

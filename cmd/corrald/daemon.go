@@ -295,6 +295,10 @@ func fdStore(sv *survival) reactor.FdStore {
 	return sdFdStore{}
 }
 
+// Sync waits for what the fd store sent to reach systemd (reactor.FdStore):
+// its messages wait in the process while systemd is slow to read them.
+func (sdFdStore) Sync(d time.Duration) bool { return systemd.SyncNotify(d) }
+
 // serve runs the reactor's loop and the socket server, tells systemd it is
 // ready, and waits for ctx to end (SIGTERM), the server to stop or the loop
 // to fail; then it shuts down.
