@@ -35,9 +35,9 @@ func idleShimPids(t *testing.T, tr *testReactor) []int {
 	return pids
 }
 
-// unparkedAfterExit makes fs note every Remove of an execution's fd made
-// once the process behind the pidfd parked with it had already exited
-// (killed): a crash of corrald between that kill and the Remove leaves a
+// unparkedAfterExit makes fs note every Remove of an execution's fd made,
+// while its exec-error pipe is parked, once the process behind the pidfd
+// parked with it had already exited (killed): a crash of corrald between that kill and the Remove leaves a
 // restart reading EOF on the exec-error pipe of a shim that died without a
 // report, and taking the command for run. Read the result under fs.mu.
 func unparkedAfterExit(fs *fakeFdStore) *[]string {
@@ -48,7 +48,9 @@ func unparkedAfterExit(fs *fakeFdStore) *[]string {
 			return
 		}
 		pidfd, ok := fs.fds[FdName(id, RolePidfd)]
-		if !ok {
+		if _, exec := fs.fds[FdName(id, RoleExec)]; !ok || !exec {
+			// Only while the exec-error pipe is parked with the pidfd:
+			// an exited command's pipes leave the store after its exit.
 			return
 		}
 		pfd := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
