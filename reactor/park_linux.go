@@ -191,9 +191,15 @@ func (r *Reactor) unparkRole(e *execution, sp *spawned, role string) {
 }
 
 // unparkSpawned takes out of the fd store what parkSpawned put there, for
-// a start that is undone (the command did not exec). Spawn's goroutine.
+// a start that is undone (the command did not exec), in the reverse order,
+// the pidfd first: a crash part-way then leaves what a crash part-way
+// through the parking would (no pidfd: not adopted; the exec-error pipe,
+// if still there, tells whether anything ran), never a pidfd without the
+// exec-error pipe, which a restart would take over as a command let run.
+// Spawn's goroutine.
 func (r *Reactor) unparkSpawned(e *execution, sp *spawned) {
-	for _, role := range sp.parked {
+	for i := len(sp.parked) - 1; i >= 0; i-- {
+		role := sp.parked[i]
 		if err := r.cfg.FdStore.Remove(FdName(e.id, role)); err != nil {
 			r.log.Warn().Err(err).Str("exec_id", e.id).Str("role", role).Msg("fd store: remove")
 		}

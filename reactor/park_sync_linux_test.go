@@ -43,8 +43,8 @@ func idleShimPids(t *testing.T, tr *testReactor) []int {
 func unparkedAfterExit(fs *fakeFdStore) *[]string {
 	var late []string
 	fs.beforeRemove = func(name string) { // under fs.mu
-		id, role, ok := SplitFdName(name)
-		if !ok || role == RolePidfd {
+		id, _, ok := SplitFdName(name)
+		if !ok {
 			return
 		}
 		pidfd, ok := fs.fds[FdName(id, RolePidfd)]
@@ -125,6 +125,17 @@ func TestParkQueuedHeldNotReleased(t *testing.T) {
 	}
 	if len(lateRemoves) > 0 {
 		t.Errorf("removed %v after the shim was ended: a crash in between would read EOF there and take the command for run", lateRemoves)
+	}
+	// Taken back pidfd first: a crash part-way must not leave the pidfd
+	// stored without the exec-error pipe (taken over as a command let run).
+	var order []string
+	for _, name := range removed {
+		if role, ok := strings.CutPrefix(name, rec.ID+"."); ok {
+			order = append(order, role)
+		}
+	}
+	if want := []string{RolePidfd, RoleExec, RoleStderr, RoleStdout}; !slices.Equal(order, want) {
+		t.Errorf("taken back in the order %v, want %v (the reverse of the parking)", order, want)
 	}
 	if left := storedFor(fs, rec.ID); len(left) > 0 {
 		t.Errorf("still in the fd store: %v", left)
