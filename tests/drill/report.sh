@@ -77,7 +77,14 @@ Bugs the drills found, each fixed with a test beside the code:
   SIGPIPE with `adopted` 1, quick ones kept 0 of their 28 bytes). The
   pidfd is parked last, after every pipe; with the same sleep before it,
   2 of 2 runs had 0 wrong (8 and 5 `lost`, allowed, with the reason):
-  `reactor.TestParkPidfdLast`.
+  `reactor.TestParkPidfdLast`;
+- the restart's "never ran" rule (a `started` record with nothing in the
+  fd store and an empty scope ends `start_failed`, "nothing ran") was
+  applied where starts are not parked before they may run: the full drill
+  at 148d16a had 5 wrong in host kill-9 (quick, stdin and tty commands
+  that had run and exited ended `start_failed`); it holds only with the fd
+  store on and a backend that holds its children until released (systemd)
+  (c826832): `cmd/corrald.TestRestartNeverRanOnlyWhereStartsParkFirst`.
 
 HEAD
 for f in "$1"/*.md; do
