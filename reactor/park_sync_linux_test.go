@@ -74,6 +74,30 @@ func storedFor(fs *fakeFdStore, id string) []string {
 	return out
 }
 
+// startPooledInline starts `echo inline` through the pool (network
+// "none": a command that needs a shim) with p's other fields and checks
+// that it took the pool's entry, yet ran inline, not in one of shims (why
+// it must not have: why), and exited printing "inline".
+func startPooledInline(t *testing.T, tr *testReactor, shims []int, p api.StartParams, why string) api.Record {
+	t.Helper()
+	p.Argv, p.Cwd, p.Network = []string{"sh", "-c", "echo inline"}, "/", "none"
+	rec, err := tr.Start(context.Background(), root, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := tr.wait(rec.ID)
+	if tr.pool.hits.Load() == 0 {
+		t.Fatal("the start did not take the pool's entry: the test proves nothing")
+	}
+	if slices.Contains(shims, final.PID) {
+		t.Errorf("the command ran in the pool's shim (pid %d): %s", final.PID, why)
+	}
+	if outcome(final) != api.OutcomeExited || tr.stdout(rec.ID) != "inline\n" {
+		t.Errorf("outcome %s, stdout %q; want exited, %q (started inline)", outcome(final), tr.stdout(rec.ID), "inline\n")
+	}
+	return final
+}
+
 // TestParkQueuedPooledStartsInline: the fd store's messages can wait in
 // corrald (systemd slow to read them, under load), and a kill -9 then
 // loses them. A pooled start whose parked fds have not reached systemd
@@ -83,21 +107,7 @@ func TestParkQueuedPooledStartsInline(t *testing.T) {
 	fs := &fakeFdStore{fds: map[string]int{}, queued: true}
 	tr := newTestReactor(t, func(c *Config) { c.FdStore, c.PoolSize = fs, 1 })
 	shims := idleShimPids(t, tr)
-	// The pool serves commands that need a shim: network "none".
-	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sh", "-c", "echo inline"}, Cwd: "/", Network: "none"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	final := tr.wait(rec.ID)
-	if tr.pool.hits.Load() == 0 {
-		t.Fatal("the start did not take the pool's entry: the test proves nothing")
-	}
-	if slices.Contains(shims, final.PID) {
-		t.Errorf("the command ran in the pool's shim (pid %d) although its parked fds never reached systemd", final.PID)
-	}
-	if outcome(final) != api.OutcomeExited || tr.stdout(rec.ID) != "inline\n" {
-		t.Errorf("outcome %s, stdout %q; want exited, %q (started inline)", outcome(final), tr.stdout(rec.ID), "inline\n")
-	}
+	startPooledInline(t, tr, shims, api.StartParams{}, "its parked fds never reached systemd")
 }
 
 // TestParkQueuedHeldNotReleased: a held shim whose parked fds have not
@@ -174,20 +184,7 @@ func TestParkPooledDispatchFailsUnparksFirst(t *testing.T) {
 		c.Backend, c.FdStore, c.PoolSize = limitFailBackend{scope.NewPgroup()}, fs, 1
 	})
 	shims := idleShimPids(t, tr)
-	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sh", "-c", "echo inline"}, Cwd: "/", Network: "none", TasksMax: 50})
-	if err != nil {
-		t.Fatal(err)
-	}
-	final := tr.wait(rec.ID)
-	if tr.pool.hits.Load() == 0 {
-		t.Fatal("the start did not take the pool's entry: the test proves nothing")
-	}
-	if slices.Contains(shims, final.PID) {
-		t.Fatalf("the command ran in the pool's shim (pid %d): the dispatch did not fail, the test proves nothing", final.PID)
-	}
-	if outcome(final) != api.OutcomeExited || tr.stdout(rec.ID) != "inline\n" {
-		t.Errorf("outcome %s, stdout %q; want exited, %q (started inline)", outcome(final), tr.stdout(rec.ID), "inline\n")
-	}
+	rec := startPooledInline(t, tr, shims, api.StartParams{TasksMax: 50}, "the dispatch did not fail, the test proves nothing")
 	fs.mu.Lock()
 	removed, lateRemoves := append([]string(nil), fs.removed...), append([]string(nil), (*late)...)
 	fs.mu.Unlock()
@@ -207,20 +204,7 @@ func TestParkPooledWithoutPidfdStartsInline(t *testing.T) {
 	fs := &fakeFdStore{fds: map[string]int{}}
 	tr := newTestReactor(t, func(c *Config) { c.FdStore, c.PoolSize, c.NoPidfd = fs, 1, true })
 	shims := idleShimPids(t, tr)
-	rec, err := tr.Start(context.Background(), root, api.StartParams{Argv: []string{"sh", "-c", "echo inline"}, Cwd: "/", Network: "none"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	final := tr.wait(rec.ID)
-	if tr.pool.hits.Load() == 0 {
-		t.Fatal("the start did not take the pool's entry: the test proves nothing")
-	}
-	if slices.Contains(shims, final.PID) {
-		t.Errorf("the command was dispatched to the pool's shim (pid %d) with nothing parked for it", final.PID)
-	}
-	if outcome(final) != api.OutcomeExited || tr.stdout(rec.ID) != "inline\n" {
-		t.Errorf("outcome %s, stdout %q; want exited, %q (started inline)", outcome(final), tr.stdout(rec.ID), "inline\n")
-	}
+	startPooledInline(t, tr, shims, api.StartParams{}, "dispatched with nothing parked for it")
 }
 
 // TestParkRemoveFailureRetried: when spawn's Remove of the exec-error
