@@ -26,7 +26,8 @@ const (
 	firstSample = 5 * time.Millisecond
 	// usageSampleCap spaces the readings of an execution without cpu_ms
 	// or memory_bytes: they only keep its usage, so a long-running tree
-	// costs one reading a second.
+	// costs one reading a second. Where a reading measured nothing to keep
+	// (the process-group backend) and no limit is enforced, the sampler stops.
 	usageSampleCap = time.Second
 )
 
@@ -37,24 +38,35 @@ func (r *Reactor) armSampler(e *execution, n int) {
 		if e.state != api.StateRunning && e.state != api.StateCanceling {
 			return
 		}
-		st := r.stats(e)
-		mergeStats(&e.rec.Usage, st)
+		st, read := r.readStats(e)
+		kept := mergeStats(&e.rec.Usage, st)
 		switch {
 		case st.OOMKills > 0 && e.params.MemoryBytes > 0:
 			r.toCanceling(e, cancelRequest{why: api.OutcomeMemoryLimit, hard: true})
 		case e.params.CPUMS > 0 && st.CPUUsageNS >= e.params.CPUMS*1e6:
 			r.toCanceling(e, cancelRequest{why: api.OutcomeCPULimit, hard: true})
 		}
-		if !e.ending() {
-			r.armSampler(e, n+1)
+		if e.ending() {
+			return
 		}
+		if read && !kept && !limited(e) {
+			// The scope answered and measures nothing that is kept (the
+			// process-group backend: every field Unknown), and there is
+			// no limit to enforce: a later reading would measure nothing
+			// either. toExited still takes its final reading.
+			return
+		}
+		r.armSampler(e, n+1)
 	})
 }
+
+// limited reports whether e has a limit the sampler enforces.
+func limited(e *execution) bool { return e.params.CPUMS > 0 || e.params.MemoryBytes > 0 }
 
 // sampleDelay is how long after the n-th reading the next one comes.
 func (r *Reactor) sampleDelay(e *execution, n int) time.Duration {
 	limit := max(r.cfg.SampleInterval, usageSampleCap)
-	if e.params.CPUMS > 0 || e.params.MemoryBytes > 0 {
+	if limited(e) {
 		limit = r.cfg.SampleInterval
 	}
 	d := firstSample
@@ -69,17 +81,24 @@ func (r *Reactor) sampleDelay(e *execution, n int) time.Duration {
 
 // needsSampler reports whether e's tree has counters to read while it runs.
 func needsSampler(e *execution) bool {
-	return e.sc != nil || e.params.CPUMS > 0 || e.params.MemoryBytes > 0
+	return e.sc != nil || limited(e)
 }
 
 // stats reads the scope's counters, falling back to /proc for the main
 // process when the backend cannot measure CPU.
 func (r *Reactor) stats(e *execution) scope.Stats {
-	st := scope.Stats{CPUUsageNS: scope.Unknown, CPUUserNS: scope.Unknown, CPUSystemNS: scope.Unknown,
+	st, _ := r.readStats(e)
+	return st
+}
+
+// readStats is stats; read reports whether e has a scope and it answered
+// (a failed reading may succeed later).
+func (r *Reactor) readStats(e *execution) (st scope.Stats, read bool) {
+	st = scope.Stats{CPUUsageNS: scope.Unknown, CPUUserNS: scope.Unknown, CPUSystemNS: scope.Unknown,
 		MemoryPeak: scope.Unknown, TasksPeak: scope.Unknown, Tasks: scope.Unknown, OOMKills: scope.Unknown}
 	if e.sc != nil {
 		if s, err := e.sc.Stats(); err == nil {
-			st = s
+			st, read = s, true
 		}
 	}
 	if st.CPUUsageNS < 0 && e.proc != nil && !e.state.Finished() {
@@ -87,25 +106,34 @@ func (r *Reactor) stats(e *execution) scope.Stats {
 			st.CPUUsageNS = ns
 		}
 	}
-	return st
+	return st, read
 }
 
-func mergeStats(u *api.Usage, st scope.Stats) {
+// mergeStats keeps what st measured of the usage in u. It reports whether
+// st had any of it: CPUUsageNS (the /proc fallback included) and OOMKills
+// only serve the limits and are not kept.
+func mergeStats(u *api.Usage, st scope.Stats) (kept bool) {
 	if st.CPUUserNS >= 0 {
 		u.CPUUserMS = max(u.CPUUserMS, st.CPUUserNS/1e6)
+		kept = true
 	}
 	if st.CPUSystemNS >= 0 {
 		u.CPUSystemMS = max(u.CPUSystemMS, st.CPUSystemNS/1e6)
+		kept = true
 	}
 	if st.MemoryPeak >= 0 {
 		u.PeakMemoryBytes = max(u.PeakMemoryBytes, st.MemoryPeak)
+		kept = true
 	}
 	if st.TasksPeak >= 0 {
 		u.TasksPeak = max(u.TasksPeak, st.TasksPeak)
+		kept = true
 	}
 	if st.Tasks >= 0 {
 		u.TasksPeak = max(u.TasksPeak, st.Tasks)
+		kept = true
 	}
+	return kept
 }
 
 // procCPUTime reads utime+stime of pid and its waited-for children from

@@ -2,6 +2,8 @@ package reactor
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,5 +73,96 @@ func TestSampleDelaySpacesOut(t *testing.T) {
 		if got := r.sampleDelay(tc.e, tc.n); got != tc.want {
 			t.Errorf("sampleDelay(cpu_ms %d, %d) = %v, want %v", tc.e.params.CPUMS, tc.n, got, tc.want)
 		}
+	}
+}
+
+// readingBackend is the pgroup backend with scopes that count their
+// readings. A scope whose command's last argument ($0 of sh -c) is
+// "measures" reports a task count; every other one reports nothing, as the
+// pgroup backend does.
+type readingBackend struct {
+	scope.Backend
+	mu     sync.Mutex
+	scopes map[string]*readingScope // by execution id
+}
+
+func (b *readingBackend) Prepare(ctx context.Context, spec scope.Spec) (scope.Scope, error) {
+	sc, err := b.Backend.Prepare(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	rs := &readingScope{Scope: sc, measures: spec.Argv[len(spec.Argv)-1] == "measures"}
+	b.mu.Lock()
+	b.scopes[spec.ID] = rs
+	b.mu.Unlock()
+	return rs, nil
+}
+
+func (b *readingBackend) readings(id string) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if rs := b.scopes[id]; rs != nil {
+		return rs.n.Load()
+	}
+	return 0
+}
+
+type readingScope struct {
+	scope.Scope
+	measures bool
+	n        atomic.Int64
+}
+
+func (s *readingScope) Stats() (scope.Stats, error) {
+	s.n.Add(1)
+	st := scope.Stats{CPUUsageNS: scope.Unknown, CPUUserNS: scope.Unknown, CPUSystemNS: scope.Unknown,
+		MemoryPeak: scope.Unknown, TasksPeak: scope.Unknown, Tasks: scope.Unknown, OOMKills: scope.Unknown}
+	if s.measures {
+		st.Tasks = 1
+	}
+	return st, nil
+}
+
+// The sampler stops once a reading measured nothing and no limit is to be
+// enforced (a process-group scope without cpu_ms or memory_bytes): it
+// would re-arm once a second for as long as the command runs, for
+// readings that are all Unknown. A scope that measures, or an execution
+// with a limit, keeps being sampled. The three run side by side on one
+// reactor; the one that measures nothing must have been read once by the
+// time the others were read four times (without the stop it is read on
+// the same schedule as the one that measures).
+func TestSamplerStopsWhenNothingIsMeasured(t *testing.T) {
+	b := &readingBackend{Backend: scope.NewPgroup(), scopes: map[string]*readingScope{}}
+	tr := newTestReactor(t, func(c *Config) { c.Backend = b })
+	// Started first: its readings are never behind the others'.
+	nothing := tr.start(api.StartParams{Argv: []string{"sh", "-c", "exec sleep 30", "nothing"}})
+	measures := tr.start(api.StartParams{Argv: []string{"sh", "-c", "exec sleep 30", "measures"}})
+	limited := tr.start(api.StartParams{Argv: []string{"sh", "-c", "exec sleep 30", "limited"}, CPUMS: 60000})
+	for _, rec := range []api.Record{nothing, measures, limited} {
+		defer tr.Cancel(context.Background(), root, api.CancelParams{ID: rec.ID})
+	}
+
+	const want = 4 // 5, 25, 105 ms after the start, then 205 (limited) or 425 ms
+	deadline := time.Now().Add(20 * time.Second)
+	for b.readings(measures.ID) < want || b.readings(limited.ID) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20 s: the scope that measures was read %d times, the limited one %d, want %d each",
+				b.readings(measures.ID), b.readings(limited.ID), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := b.readings(nothing.ID); n != 1 {
+		t.Errorf("the scope that measures nothing was read %d times while the others were read %d, want once", n, want)
+	}
+	var armed [3]bool
+	if err := tr.onLoop(t.Context(), func() {
+		for i, rec := range []api.Record{nothing, measures, limited} {
+			armed[i] = tr.execs[rec.ID].sampler != nil
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if armed != [3]bool{false, true, true} {
+		t.Errorf("sampler armed (measures nothing, measures, limited) = %v, want [false true true]", armed)
 	}
 }
