@@ -196,3 +196,18 @@ func (p *spawnPeer) do(t *testing.T, command string) time.Duration {
 	}
 	return time.Duration(ns)
 }
+
+// kernelRate is the kernel work of runKernel done by k worker processes of
+// the C peer at once for d (a worker starts no round after d; the window
+// ends when the last one is done): the rounds completed per second of the
+// window, as the peer timed it.
+func (p *spawnPeer) kernelRate(t *testing.T, k int, d time.Duration, cgBase, workDir string) float64 {
+	t.Helper()
+	command := fmt.Sprintf("kernelrate %d %d %s %s", k, d.Milliseconds(), cgBase, workDir)
+	line := p.ask(t, command)
+	var ns, rounds int64
+	if _, err := fmt.Sscanf(line, "%d %d", &ns, &rounds); err != nil || ns <= 0 {
+		t.Fatalf("spawn peer %q: answer %q (%v), want the window's nanoseconds and its rounds", command, line, err)
+	}
+	return float64(rounds) / time.Duration(ns).Seconds()
+}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/testd"
 )
 
 const tputWindow = time.Second // one measuring window of one side
@@ -130,13 +133,26 @@ func merged(lat []durations) durations {
 }
 
 // benchThroughput is (d): executions per second of /bin/true (start+wait
-// until cleaned) with 1 and 8 clients, each on its own connection, against
-// os/exec Run from as many goroutines; 1 s windows alternating.
+// until cleaned) with 1, 8 and 64 clients, each on its own connection,
+// against os/exec Run from as many goroutines, and against the C peer doing
+// corrald's kernel work (runKernel) from as many worker processes: the
+// rate that work allows on this host, whatever the daemon does on top.
+// The sides' 1 s windows rotate. It also reads each daemon's CPU time over
+// its windows, for the CPU it spends per execution.
 func (s *suite) benchThroughput(t *testing.T) {
 	d := s.startDaemon(t, "throughput-pool4", "cgroup", 4)
 	dnp := s.startDaemon(t, "throughput-pool0", "cgroup", 0)
+	sp, spWhy := startSpawnPeer(t)
+	// Where the C peer does corrald's kernel work, as in (a).
+	spCgroup, spWork := testd.StrictCgroupBase(t, cgroupMount, "corral-bench"), t.TempDir()
+	if sp != nil {
+		if err := os.Mkdir(spCgroup, 0o755); err != nil {
+			t.Fatalf("cgroup base of the C peer: %v", err)
+		}
+	}
 	ctx := ctxT(t, 5*time.Minute)
 	var rows []rateRow
+	var cpuNotes []string
 	for _, k := range []int{1, 8, 64} {
 		windows := tputWindows
 		if k == 64 {
@@ -153,49 +169,146 @@ func (s *suite) benchThroughput(t *testing.T) {
 		// Each call's duration, per worker (one goroutine each), for the
 		// target's p50 and p99.
 		dLat, bLat := make([]durations, k), make([]durations, k)
-		var dr, nr, br []float64
+		var dr, nr, br, kr []float64
+		// The daemons' CPU over their own windows, and the executions done.
+		var dCPU, nCPU cpuSpent
+		sides := []func(){
+			func() {
+				r, err := dCPU.window(t, d.pid, k, timed(dLat, func(w int) error { return viaDaemon(clients[w]) }))
+				if err != nil {
+					t.Fatalf("%d clients: %v", k, err)
+				}
+				dr = append(dr, r)
+			},
+			func() {
+				r, err := nCPU.window(t, dnp.pid, k, func(w int) error { return viaDaemon(npClients[w]) })
+				if err != nil {
+					t.Fatalf("%d clients, --pool-size 0: %v", k, err)
+				}
+				nr = append(nr, r)
+			},
+			func() {
+				r, err := window(k, tputWindow, timed(bLat, bare))
+				if err != nil {
+					t.Fatalf("%d goroutines os/exec: %v", k, err)
+				}
+				br = append(br, r)
+			},
+		}
+		if sp != nil {
+			sides = append(sides, func() { kr = append(kr, sp.kernelRate(t, k, tputWindow, spCgroup, spWork)) })
+		}
 		for i := 0; i < windows; i++ {
-			rotate(i,
-				func() {
-					r, err := window(k, tputWindow, timed(dLat, func(w int) error { return viaDaemon(clients[w]) }))
-					if err != nil {
-						t.Fatalf("%d clients: %v", k, err)
-					}
-					dr = append(dr, r)
-				},
-				func() {
-					r, err := window(k, tputWindow, func(w int) error { return viaDaemon(npClients[w]) })
-					if err != nil {
-						t.Fatalf("%d clients, --pool-size 0: %v", k, err)
-					}
-					nr = append(nr, r)
-				},
-				func() {
-					r, err := window(k, tputWindow, timed(bLat, bare))
-					if err != nil {
-						t.Fatalf("%d goroutines os/exec: %v", k, err)
-					}
-					br = append(br, r)
-				})
+			rotate(i, sides...)
 		}
 		if k == 8 {
 			s.targetAtLeast("(d) exec/s with 8 clients (pool 4) / os/exec Run from 8 goroutines", median(dr)/median(br), 1.0, "×")
 			dlo, dhi := minmax(dr)
 			blo, bhi := minmax(br)
 			dl, bl := merged(dLat), merged(bLat)
-			s.targetDetail("corrald %.0f exec/s (windows %.0f–%.0f), a start+wait p50 %s, p99 %s ms; os/exec %.0f exec/s (%.0f–%.0f), a Run p50 %s, p99 %s ms",
-				median(dr), dlo, dhi, ms(dl.pct(.5)), ms(dl.pct(.99)), median(br), blo, bhi, ms(bl.pct(.5)), ms(bl.pct(.99)))
+			bound := "the C peer's side was skipped: " + spWhy
+			if sp != nil {
+				klo, khi := minmax(kr)
+				bound = fmt.Sprintf("the bound, corrald's kernel work in C from 8 worker processes: %.0f exec/s (%.0f–%.0f), %s of os/exec, corrald %s of it",
+					median(kr), klo, khi, ratio(median(kr), median(br)), ratio(median(dr), median(kr)))
+			}
+			s.targetDetail("corrald %.0f exec/s (windows %.0f–%.0f), a start+wait p50 %s, p99 %s ms, %s ms of the daemon's CPU per execution; os/exec %.0f exec/s (%.0f–%.0f), a Run p50 %s, p99 %s ms; %s",
+				median(dr), dlo, dhi, ms(dl.pct(.5)), ms(dl.pct(.99)), dCPU.perExec(), median(br), blo, bhi, ms(bl.pct(.5)), ms(bl.pct(.99)), bound)
 		}
 		base := fmt.Sprintf("os/exec Run ×%d goroutines", k)
+		name := fmt.Sprintf("%d client(s)", k)
 		rows = append(rows,
-			rateRow{name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup --pool-size 4", baseName: base, unit: "exec/s", side1: dr, base: br},
-			rateRow{name: fmt.Sprintf("%d client(s)", k), side: "corrald cgroup --pool-size 0", baseName: base, unit: "exec/s", side1: nr, base: br},
+			rateRow{name: name, side: "corrald cgroup --pool-size 4", baseName: base, unit: "exec/s", side1: dr, base: br},
+			rateRow{name: name, side: "corrald cgroup --pool-size 0", baseName: base, unit: "exec/s", side1: nr, base: br},
 		)
+		if sp != nil {
+			kside := fmt.Sprintf("C: corrald's kernel work ×%d workers", k)
+			rows = append(rows,
+				rateRow{name: name + ", kernel work alone", side: kside, baseName: base, unit: "exec/s", side1: kr, base: br},
+				rateRow{name: name + ", corrald vs its kernel work", side: "corrald cgroup --pool-size 4", baseName: kside, unit: "exec/s", side1: dr, base: kr},
+			)
+		}
+		cpuNotes = append(cpuNotes, fmt.Sprintf("%d client(s): pool 4 %s ms (children %s ms), pool 0 %s ms (children %s ms)",
+			k, dCPU.perExec(), dCPU.childrenPerExec(), nCPU.perExec(), nCPU.childrenPerExec()))
+	}
+	kernelNote := "The C side was skipped: " + spWhy + "."
+	if sp != nil {
+		kernelNote = "The kernel-work side is the C peer of (a) (bench/testdata/spawn_peer.c) doing corrald's kernel work for one /bin/true (mkdir a cgroup and a workspace, two pipes, clone3 into the cgroup, exec in the workspace, both pipes to EOF, waitpid, both rmdirs, the workspace held open across its rmdir as corrald does) in k worker processes forked from it, single-threaded, for the same 1 s window, timed by itself: no daemon, store or RPC, so the rate a design with a fresh cgroup and workspace per execution allows on this host."
 	}
 	s.rateTable("(d) executions per second, /bin/true",
-		fmt.Sprintf("Each client its own connection, looping exec.start + exec.wait (until cleaned), against a daemon with --pool-size 4 and one with --pool-size 0 (cgroup backend, store sqlite sync normal); baseline: as many goroutines looping os/exec Run in the benchmark process. "+
-			"%d windows of %s per side (%d with 64 clients, to bound the time), the three sides rotating; a window ends when the last call started before its deadline returns, and the rate counts over the whole window. The table gives the median window and the range.", tputWindows, tputWindow, tputWindows64),
+		fmt.Sprintf("Each client its own connection, looping exec.start + exec.wait (until cleaned), against a daemon with --pool-size 4 and one with --pool-size 0 (cgroup backend, store sqlite sync normal); baseline: as many goroutines looping os/exec Run in the benchmark process. %s "+
+			"%d windows of %s per side (%d with 64 clients, to bound the time), the sides rotating; a window ends when the last call started before its deadline returns, and the rate counts over the whole window. The table gives the median window and the range.", kernelNote, tputWindows, tputWindow, tputWindows64),
 		rows)
+	fmt.Fprintf(&s.out, "\nThe daemons' CPU per execution over their windows (utime + stime of corrald from /proc/<pid>/stat, at USER_HZ 100, divided by the executions completed; children: the cutime + cstime of the /bin/true processes it reaped): %s.\n",
+		strings.Join(cpuNotes, "; "))
+}
+
+// cpuSpent adds up a daemon's CPU time over the windows of its side and
+// the executions they completed.
+type cpuSpent struct {
+	self, children time.Duration
+	n              int64
+}
+
+// window runs a tputWindow window of k workers calling op against the
+// daemon pid (as window does), adding the daemon's CPU time over it and
+// the calls it completed.
+func (c *cpuSpent) window(t *testing.T, pid, k int, op func(worker int) error) (float64, error) {
+	t.Helper()
+	var n atomic.Int64
+	s0, c0 := procCPU(t, pid)
+	r, err := window(k, tputWindow, func(w int) error {
+		err := op(w)
+		if err == nil {
+			n.Add(1)
+		}
+		return err
+	})
+	s1, c1 := procCPU(t, pid)
+	c.self += s1 - s0
+	c.children += c1 - c0
+	c.n += n.Load()
+	return r, err
+}
+
+func (c *cpuSpent) perExec() string {
+	if c.n == 0 {
+		return "n/a"
+	}
+	return ms(c.self / time.Duration(c.n))
+}
+
+func (c *cpuSpent) childrenPerExec() string {
+	if c.n == 0 {
+		return "n/a"
+	}
+	return ms(c.children / time.Duration(c.n))
+}
+
+// procCPU is process pid's CPU time from /proc/<pid>/stat: its own (utime
+// + stime) and that of its children it reaped (cutime + cstime), in clock
+// ticks of USER_HZ, 100 on Linux.
+func procCPU(t *testing.T, pid int) (self, children time.Duration) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatalf("CPU time of %d: %v", pid, err)
+	}
+	// The fields after the command name, "(...)", which may hold spaces:
+	// state is field 3, utime 14, stime 15, cutime 16, cstime 17.
+	i := bytes.LastIndexByte(b, ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 15 {
+		t.Fatalf("CPU time of %d: stat %q", pid, b)
+	}
+	tick := func(s string) time.Duration {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("CPU time of %d: stat field %q: %v", pid, s, err)
+		}
+		return time.Duration(v) * 10 * time.Millisecond
+	}
+	return tick(f[11]) + tick(f[12]), tick(f[13]) + tick(f[14])
 }
 
 // benchDrain is (e): a child writing 1 GB to stdout as fast as it can,

@@ -10,12 +10,22 @@
  *             CGROUP-BASE and a workspace under WORK-DIR, two pipes
  *             (stdout, stderr), clone3 with CLONE_INTO_CGROUP|CLONE_VFORK
  *             and execve in the workspace, read both pipes to EOF,
- *             waitpid, rmdir the cgroup and the workspace
+ *             waitpid, rmdir the cgroup and the workspace (the
+ *             workspace held open across its rmdir and closed after, as
+ *             corrald does)
+ *     kernelrate N MS CGROUP-BASE WORK-DIR
+ *             the same kernel work from N worker processes at once (each
+ *             forked from this one, single-threaded, looping "kernel"
+ *             with names of its own) for MS milliseconds: a worker starts
+ *             no round after the deadline, and the window ends when the
+ *             last worker has finished its round and exited
  *     quit    exit
  *
  * For each command it prints one line: the nanoseconds from before
  * posix_spawn to after waitpid (CLOCK_MONOTONIC), a space, and the child's
- * exit status (or -1 and the error). glibc's posix_spawn is a
+ * exit status (or -1 and the error). For kernelrate: the nanoseconds of
+ * the whole window, a space, and the rounds all workers completed (or 0 -1
+ * and the error). glibc's posix_spawn is a
  * clone(CLONE_VM|CLONE_VFORK) and execve: no page tables copied, no pipe.
  * The process lives as long as the suite needs it, so its own start-up is
  * in no figure.
@@ -44,21 +54,42 @@ static long long now_ns(void)
 	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* undo_kernel removes what a failed one_kernel made (cg may be NULL: not
+ * made), keeping errno; it returns -1. */
+static int undo_kernel(const char *cg, const char *ws, const int *fds, int nfds)
+{
+	int saved = errno;
+	for (int i = 0; i < nfds; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	if (cg != NULL)
+		rmdir(cg);
+	rmdir(ws);
+	errno = saved;
+	return -1;
+}
+
 /* one_kernel does the "kernel" command once; it returns the exit status
- * of the child or -1 with errno set. */
-static int one_kernel(const char *cgbase, const char *workdir, long n)
+ * of the child or -1 with errno set, leaving nothing it made behind. */
+static int one_kernel(const char *cgbase, const char *workdir, const char *tag, long n)
 {
 	char cg[512], ws[512];
-	snprintf(cg, sizeof cg, "%s/k-%ld", cgbase, n);
-	snprintf(ws, sizeof ws, "%s/k-%ld", workdir, n);
+	snprintf(cg, sizeof cg, "%s/k-%s%ld", cgbase, tag, n);
+	snprintf(ws, sizeof ws, "%s/k-%s%ld", workdir, tag, n);
 	if (mkdir(ws, 0700) < 0)
 		return -1;
 	if (mkdir(cg, 0755) < 0)
-		return -1;
+		return undo_kernel(NULL, ws, NULL, 0);
+	int fds[5] = {-1, -1, -1, -1, -1}; /* cgfd, out[0], out[1], err[0], err[1] */
 	int cgfd = open(cg, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fds[0] = cgfd;
 	int out[2], err[2];
-	if (cgfd < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)
-		return -1;
+	if (cgfd < 0 || pipe2(out, O_CLOEXEC) < 0)
+		return undo_kernel(cg, ws, fds, 5);
+	fds[1] = out[0], fds[2] = out[1];
+	if (pipe2(err, O_CLOEXEC) < 0)
+		return undo_kernel(cg, ws, fds, 5);
+	fds[3] = err[0], fds[4] = err[1];
 	struct clone_args ca;
 	memset(&ca, 0, sizeof ca);
 	ca.flags = CLONE_INTO_CGROUP | CLONE_VFORK;
@@ -77,7 +108,7 @@ static int one_kernel(const char *cgbase, const char *workdir, long n)
 		_exit(127);
 	}
 	if (pid < 0)
-		return -1;
+		return undo_kernel(cg, ws, fds, 5);
 	close(cgfd);
 	close(out[1]);
 	close(err[1]);
@@ -91,9 +122,87 @@ static int one_kernel(const char *cgbase, const char *workdir, long n)
 	int st;
 	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 		;
-	if (rmdir(cg) < 0 || rmdir(ws) < 0)
+	/* The workspace goes as corrald removes it (removeWorkspaceHeld): with
+	 * the directory held open across the rmdir, so that the inode's free
+	 * (on this ext4 with online discard, a synchronous discard of its
+	 * block) runs at the close, not under the parent directory's lock. */
+	int wsfd = open(ws, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int failed = rmdir(cg) < 0 || rmdir(ws) < 0;
+	int saved = errno;
+	if (wsfd >= 0)
+		close(wsfd);
+	if (failed) {
+		errno = saved;
 		return -1;
+	}
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* worker_result is what one kernelrate worker reports on its pipe. */
+struct worker_result {
+	long rounds;
+	int err; /* errno of the failed round, 0 if none failed */
+};
+
+/* kernel_rate does the "kernelrate" command: n workers, each looping
+ * one_kernel until ms have passed since the start. It prints the answer. */
+static void kernel_rate(int n, long ms, const char *cgbase, const char *workdir)
+{
+	int res[2];
+	if (n < 1 || n > 1024 || ms < 1) {
+		printf("0 -1 kernelrate: want 1-1024 workers and a window of at least 1 ms\n");
+		return;
+	}
+	if (pipe2(res, O_CLOEXEC) < 0) {
+		printf("0 -1 kernelrate: pipe: %s\n", strerror(errno));
+		return;
+	}
+	long long t0 = now_ns();
+	long long deadline = t0 + ms * 1000000LL;
+	int started = 0, failed = 0;
+	for (int w = 0; w < n; w++) {
+		pid_t pid = fork();
+		if (pid < 0) {
+			failed = errno;
+			break;
+		}
+		if (pid == 0) {
+			char tag[32];
+			snprintf(tag, sizeof tag, "w%d-", w);
+			struct worker_result r = {0, 0};
+			while (now_ns() < deadline) {
+				if (one_kernel(cgbase, workdir, tag, r.rounds) != 0) {
+					r.err = errno ? errno : EIO;
+					break;
+				}
+				r.rounds++;
+			}
+			(void)!write(res[1], &r, sizeof r);
+			_exit(0);
+		}
+		started++;
+	}
+	close(res[1]);
+	long total = 0;
+	struct worker_result r;
+	int got = 0;
+	while (read(res[0], &r, sizeof r) == (ssize_t)sizeof r) {
+		got++;
+		total += r.rounds;
+		if (r.err != 0 && failed == 0)
+			failed = r.err;
+	}
+	close(res[0]);
+	for (int i = 0; i < started; i++) {
+		int st;
+		while (wait(&st) < 0 && errno == EINTR)
+			;
+	}
+	long long t1 = now_ns();
+	if (failed != 0 || got != n)
+		printf("0 -1 kernelrate: %d of %d workers answered: %s\n", got, n, strerror(failed ? failed : EIO));
+	else
+		printf("%lld %ld\n", t1 - t0, total);
 }
 
 int main(void)
@@ -121,12 +230,24 @@ int main(void)
 				continue;
 			}
 			long long t0 = now_ns();
-			int code = one_kernel(cgbase, workdir, kernel_n++);
+			int code = one_kernel(cgbase, workdir, "", kernel_n++);
 			long long t1 = now_ns();
 			if (code < 0)
 				printf("0 -1 kernel: %s\n", strerror(errno));
 			else
 				printf("%lld %d\n", t1 - t0, code);
+			continue;
+		}
+		if (strncmp(line, "kernelrate ", 11) == 0) {
+			char cgbase[480], workdir[480];
+			int n;
+			long ms;
+			if (sscanf(line + 11, "%d %ld %479s %479s", &n, &ms, cgbase, workdir) != 4) {
+				printf("0 -1 want: kernelrate N MS CGROUP-BASE WORK-DIR\n");
+				continue;
+			}
+			fflush(stdout); /* nothing buffered for the workers to copy */
+			kernel_rate(n, ms, cgbase, workdir);
 			continue;
 		}
 		if (strncmp(line, "true", 4) != 0) {
