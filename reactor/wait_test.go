@@ -8,9 +8,6 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"regexp"
-	"runtime"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // start starts p as root and returns its record.
@@ -184,7 +182,7 @@ func TestThousandParkedReaders(t *testing.T) {
 			t.Fatalf("daemon.info on connection %d = %q, %v", i, line, err)
 		}
 	}
-	before := goroutineStacks()
+	before := testenv.GoroutineStacks()
 	// Connections 0 and 1: 500 reads that data ends; 2: 250 that end at
 	// their deadline; 3: 250 dropped when the connection closes. Those of
 	// connection 0 are sent one at a time, each parked before the next, so
@@ -235,10 +233,10 @@ func TestThousandParkedReaders(t *testing.T) {
 	// only after that, which on a loaded host can take a while. So wait,
 	// bounded, for them to go: what a goroutine per parked read would
 	// leave stays, the 750 reads that wait 60 s outlast the wait.
-	first, grown, took := waitGoroutinesSettle(before, 50, 10*time.Second)
+	first, grown, took := testenv.WaitGoroutinesSettle(before, nil, 50, 10*time.Second)
 	if len(grown) > 50 {
 		t.Fatalf("%d goroutines started since the %d parked reads were sent are still there after %v, want none per read; they are:\n%s",
-			len(grown), n, took, groupStacks(grown))
+			len(grown), n, took, testenv.GroupStacks(grown))
 	}
 	t.Logf("%d parked reads: %d goroutines new since before at first look, %d after %v", n, first, len(grown), took)
 
@@ -388,91 +386,4 @@ func TestUpdateMovesDeadline(t *testing.T) {
 		_, err := tr.Update(context.Background(), root, api.UpdateParams{ID: "nope", TimeoutMS: ms(5)})
 		wantCode(t, "Update(unknown)", err, api.CodeNotFound)
 	})
-}
-
-// goroutineStacks returns the stack of every goroutine, by goroutine id.
-func goroutineStacks() map[string]string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	m := make(map[string]string)
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		// "goroutine 12 [chan receive]:\n..."
-		if f := strings.Fields(g); len(f) >= 2 && f[0] == "goroutine" {
-			m[f[1]] = g
-		}
-	}
-	return m
-}
-
-// newGoroutines returns the stacks of the goroutines now running that were
-// not in before.
-func newGoroutines(before map[string]string) []string {
-	var out []string
-	for id, st := range goroutineStacks() {
-		if _, ok := before[id]; !ok {
-			out = append(out, st)
-		}
-	}
-	return out
-}
-
-// waitGoroutinesSettle waits up to bound for at most max goroutines not in
-// before to be left. It returns how many there were at the first look, the
-// stacks of those left at the end and how long it waited.
-func waitGoroutinesSettle(before map[string]string, max int, bound time.Duration) (first int, left []string, took time.Duration) {
-	start := time.Now()
-	left = newGoroutines(before)
-	first = len(left)
-	for len(left) > max && time.Since(start) < bound {
-		time.Sleep(20 * time.Millisecond)
-		left = newGoroutines(before)
-	}
-	return first, left, time.Since(start)
-}
-
-// groupStacks prints stacks that differ only in goroutine ids, arguments,
-// pc offsets and wait times once, with their count, most frequent first.
-func groupStacks(stacks []string) string {
-	var (
-		args    = regexp.MustCompile(`\((?:0x|\{|\.\.\.|\)).*$`) // a call's arguments, to the line's end
-		pc      = regexp.MustCompile(` \+0x[0-9a-f]+$`)
-		creator = regexp.MustCompile(` in goroutine \d+$`)
-		waited  = regexp.MustCompile(`, \d+ minutes`)
-	)
-	count := make(map[string]int)
-	for _, st := range stacks {
-		lines := strings.Split(strings.TrimSpace(st), "\n")
-		// "goroutine 12 [chan receive, 2 minutes]:" -> "[chan receive]"
-		key := []string{waited.ReplaceAllString(strings.TrimSuffix(strings.Join(strings.Fields(lines[0])[2:], " "), ":"), "")}
-		for _, l := range lines[1:] {
-			if strings.HasPrefix(l, "\t") {
-				key = append(key, pc.ReplaceAllString(l, ""))
-			} else {
-				key = append(key, creator.ReplaceAllString(args.ReplaceAllString(l, "(...)"), ""))
-			}
-		}
-		count[strings.Join(key, "\n")]++
-	}
-	keys := make([]string, 0, len(count))
-	for k := range count {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if count[keys[i]] != count[keys[j]] {
-			return count[keys[i]] > count[keys[j]]
-		}
-		return keys[i] < keys[j]
-	})
-	var b strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%d goroutine(s) %s\n\n", count[k], k)
-	}
-	return b.String()
 }

@@ -11,6 +11,10 @@
 //     let a suite pass green without having run.
 //   - LowerFDLimit: the process out of fds (a low soft RLIMIT_NOFILE), for
 //     the tests of what corral does on EMFILE.
+//   - GoroutineStacks, WaitGoroutinesSettle and GroupStacks: the goroutines
+//     a test started (told apart by id, so that those ending meanwhile hide
+//     none), a bounded wait for them to go, and what is left, grouped by
+//     stack, for the failure message.
 //
 // A skip that is not about the environment (testing.Short, an opt-in such
 // as CORRAL_BENCH, a fuzz input out of range) stays a plain t.Skip.
