@@ -60,6 +60,49 @@ func (r *Reactor) armSampler(e *execution, n int) {
 	})
 }
 
+// oomSettleBound bounds toExited's wait for a scope that has not decided
+// whether it saw an OOM kill (the systemd scope decides within 30 ms); past
+// it the outcome is decided with the count as it stands.
+const oomSettleBound = time.Second
+
+// deferExit reports whether toExited must wait for e's scope to decide
+// whether the tree was OOM-killed (scope.OOMSettler): on a v1 memory
+// hierarchy a lone notification read once the cgroup is gone takes a short
+// wait to tell an OOM from the cgroup's removal, and the outcome depends on
+// it (memory_limit or not). The wait is off the loop goroutine, which must
+// not block: a goroutine waits (at most oomSettleBound) and posts toExited
+// again. Once per execution; meanwhile e stays running (or canceling), as
+// it would have until its pidfd's turn came.
+func (r *Reactor) deferExit(e *execution, res exitResult) bool {
+	if e.exitDeferred || e.state.Finished() || e.params.MemoryBytes <= 0 || res.ps == nil && res.status == nil {
+		return false
+	}
+	s, ok := e.sc.(scope.OOMSettler)
+	if !ok {
+		return false
+	}
+	decided := s.OOMUndecided()
+	if decided == nil {
+		return false
+	}
+	e.exitDeferred = true
+	r.log.Debug().Str("exec_id", e.id).Msg("exit: waiting for the scope to tell whether it saw an OOM kill")
+	bound := oomSettleBound
+	if r.oomSettle > 0 {
+		bound = r.oomSettle
+	}
+	go func() {
+		t := time.NewTimer(bound)
+		defer t.Stop()
+		select {
+		case <-decided:
+		case <-t.C:
+		}
+		r.post(func() { r.toExited(e, res) })
+	}()
+	return true
+}
+
 // limited reports whether e has a limit the sampler enforces.
 func limited(e *execution) bool { return e.params.CPUMS > 0 || e.params.MemoryBytes > 0 }
 

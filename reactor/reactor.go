@@ -121,6 +121,9 @@ type Reactor struct {
 	// goroutine between the spawn and handing the child to the loop: a
 	// loop that takes the child up late.
 	beforeAdopt func()
+	// oomSettle, when set (tests only), replaces oomSettleBound (deferExit).
+	// Loop goroutine only.
+	oomSettle time.Duration
 }
 
 var (

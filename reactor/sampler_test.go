@@ -166,3 +166,103 @@ func TestSamplerStopsWhenNothingIsMeasured(t *testing.T) {
 		t.Errorf("sampler armed (measures nothing, measures, limited) = %v, want [false true true]", armed)
 	}
 }
+
+// oomBackend is the pgroup backend with scopes that, like the systemd
+// scope on a v1 memory hierarchy, may not know at the exit whether the tree
+// was OOM-killed (scope.OOMSettler): until the test decides, OOMUndecided
+// returns a channel; once decided with oom, Stats counts an OOM kill.
+type oomBackend struct {
+	scope.Backend
+	scopes chan *oomScope
+}
+
+func (b oomBackend) Prepare(ctx context.Context, spec scope.Spec) (scope.Scope, error) {
+	sc, err := b.Backend.Prepare(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	s := &oomScope{Scope: sc, asked: make(chan struct{}), decided: make(chan struct{})}
+	b.scopes <- s
+	return s, nil
+}
+
+type oomScope struct {
+	scope.Scope
+	askOnce sync.Once
+	asked   chan struct{} // closed at the first OOMUndecided
+	decided chan struct{}
+	oom     atomic.Bool
+}
+
+func (s *oomScope) OOMUndecided() <-chan struct{} {
+	s.askOnce.Do(func() { close(s.asked) })
+	select {
+	case <-s.decided:
+		return nil
+	default:
+		return s.decided
+	}
+}
+
+func (s *oomScope) decide(oom bool) {
+	s.oom.Store(oom)
+	close(s.decided)
+}
+
+func (s *oomScope) Stats() (scope.Stats, error) {
+	st, err := s.Scope.Stats()
+	if s.oom.Load() {
+		st.OOMKills = 1
+	}
+	return st, err
+}
+
+// An exit whose scope has not decided yet whether it saw an OOM kill waits
+// for it off the loop goroutine (the v1 OOM path polled the eventfd for up
+// to 30 ms inside Stats and Empty, on the loop): meanwhile the loop answers
+// (exec.get finds the execution still running) and once the scope decided,
+// the outcome follows its count: memory_limit with an OOM kill. A scope
+// that never decides holds the exit back only for oomSettleBound (here
+// shortened; the other cases lengthen it so that only the decision ends
+// their wait, however loaded the host).
+func TestExitWaitsOffTheLoopForTheOOMCount(t *testing.T) {
+	b := oomBackend{Backend: scope.NewPgroup(), scopes: make(chan *oomScope, 1)}
+	tr := newTestReactor(t, func(c *Config) { c.Backend = b })
+	for _, tc := range []struct {
+		name   string
+		bound  time.Duration // oomSettleBound
+		decide func(*oomScope)
+		want   api.Outcome
+	}{
+		// An hour: only the scope's decision ends these waits.
+		{"oom", time.Hour, func(s *oomScope) { s.decide(true) }, api.OutcomeMemoryLimit},
+		{"no oom", time.Hour, func(s *oomScope) { s.decide(false) }, api.OutcomeExited},
+		{"never decided", 100 * time.Millisecond, nil, api.OutcomeExited},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tr.onLoop(t.Context(), func() { tr.oomSettle = tc.bound }); err != nil {
+				t.Fatal(err)
+			}
+			rec := tr.start(api.StartParams{Argv: []string{"true"}, MemoryBytes: 64 << 20})
+			s := <-b.scopes
+			select {
+			case <-s.asked:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the exit did not ask the scope whether its OOM count is decided within 10 s")
+			}
+			if tc.decide != nil {
+				got, err := tr.Get(t.Context(), root, api.IDParams{ID: rec.ID})
+				if err != nil {
+					t.Fatalf("Get while the OOM count is undecided: %v", err)
+				}
+				if got.State != api.StateRunning {
+					t.Errorf("state %v while the OOM count is undecided, want running (the exit waits)", got.State)
+				}
+				tc.decide(s)
+			}
+			if rec := tr.wait(rec.ID); outcome(rec) != tc.want {
+				t.Errorf("outcome %v, want %v", outcome(rec), tc.want)
+			}
+		})
+	}
+}

@@ -58,6 +58,9 @@ type execution struct {
 	// exitDurable: a record with its outcome (exited or cleaned) is
 	// durable; until then its fds stay in the fd store (park_linux.go).
 	exitDurable bool
+	// exitDeferred: toExited waited once for the scope's OOM count
+	// (deferExit, limits.go).
+	exitDeferred bool
 
 	timeout, grace, killWait, sampler, reap *eventloop.Timer
 	idle                                    *eventloop.Timer // idle_timeout_ms (deadline.go)
@@ -302,6 +305,9 @@ type exitResult struct {
 // (or never ran, or would not die). The outcome is decided here, once
 // (decideOutcome). The rest of the tree is killed and cleanup starts.
 func (r *Reactor) toExited(e *execution, res exitResult) {
+	if r.deferExit(e, res) {
+		return // back here once the scope knows whether it saw an OOM kill
+	}
 	if !r.transition(e, api.StateExited) {
 		return
 	}

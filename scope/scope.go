@@ -144,6 +144,20 @@ type Limiter interface {
 	SetLimits(ctx context.Context, l Limits) error
 }
 
+// OOMSettler is implemented by scopes whose count of OOM kills can be
+// undecided for a moment once the tree's cgroup is gone (systemd on a v1
+// memory hierarchy: a lone OOM notification read after the cgroup's
+// removal is the OOM's or the removal's until the next one comes or a
+// short wait passes). Stats and Empty never wait for it; a caller that
+// decides on the count (the reactor's outcome at the exit) waits for the
+// channel off the loop goroutine and then reads Stats.
+type OOMSettler interface {
+	// OOMUndecided returns nil when Stats' OOMKills is decided (the
+	// common case), else a channel that is closed once it is, within a
+	// short wait. Cheap: no blocking call.
+	OOMUndecided() <-chan struct{}
+}
+
 // EmptyNotifier is implemented by scopes whose emptiness the kernel
 // announces (a cgroup2 cgroup.events), so the caller can wait for it in its
 // epoll set instead of polling Empty.

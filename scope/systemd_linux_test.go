@@ -209,7 +209,7 @@ func TestV1OOMCount(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var o v1OOM
+			o := newV1OOM(-1, nil)
 			var amb bool
 			for _, s := range tt.steps {
 				amb = o.countLocked(s.n, s.exists)
@@ -221,47 +221,115 @@ func TestV1OOMCount(t *testing.T) {
 	}
 }
 
-func TestV1OOMDrain(t *testing.T) {
+// oomEventfd is a non-blocking eventfd standing in for a v1 OOM
+// notification, and signal one notification on it.
+func oomEventfd(t *testing.T) (efd int, signal func()) {
+	t.Helper()
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Close(efd) })
-	signal := func() {
+	return efd, func() {
 		var b [8]byte
 		binary.NativeEndian.PutUint64(b[:], 1)
 		if _, err := unix.Write(efd, b[:]); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// drainLocked reads what is pending and never waits: a lone signal with the
+// cgroup gone is left ambiguous (runOOM settles it), the next one makes it
+// an OOM.
+func TestV1OOMDrain(t *testing.T) {
+	efd, signal := oomEventfd(t)
+	t.Cleanup(func() { unix.Close(efd) })
 	gone := filepath.Join(t.TempDir(), "gone")
 
-	// A lone signal with the cgroup gone, and nothing else within the
-	// wait: settled as the removal, and never waited for again.
-	o := &v1OOM{fd: efd}
+	o := newV1OOM(efd, nil)
+	o.wait = time.Hour // were it waited for, the test would hang
 	signal()
-	start := time.Now()
-	o.drainLocked(gone, 50*time.Millisecond)
-	if o.certain || !o.settled {
-		t.Errorf("lone signal: certain %v settled %v; want false, true", o.certain, o.settled)
+	if !o.drainLocked(gone) || o.certain || o.settled {
+		t.Fatalf("lone signal once gone: certain %v settled %v, want ambiguous", o.certain, o.settled)
 	}
-	if took := time.Since(start); took < 40*time.Millisecond {
-		t.Errorf("drain returned after %v, want it to wait for the settling signal", took)
+	if !o.drainLocked(gone) {
+		t.Fatal("nothing more read: no longer ambiguous")
 	}
-	start = time.Now()
-	o.drainLocked(gone, 2*time.Second)
-	// Well under the 2s it would wait, with room for a stalled test process.
-	if took := time.Since(start); took > 500*time.Millisecond {
-		t.Errorf("second drain waited %v, want no wait once settled", took)
+	select {
+	case <-o.decided:
+		t.Fatal("decided while ambiguous")
+	default:
 	}
+	signal() // the removal's, after the OOM's
+	if o.drainLocked(gone) || !o.certain {
+		t.Fatalf("OOM then removal signal: certain %v, want an OOM", o.certain)
+	}
+	select {
+	case <-o.decided:
+	default:
+		t.Fatal("decided not closed once certain")
+	}
+}
 
-	// OOM signal and then the removal's, arriving during the wait.
-	o = &v1OOM{fd: efd}
-	signal()
-	go func() { time.Sleep(10 * time.Millisecond); signal() }()
-	o.drainLocked(gone, 2*time.Second)
-	if !o.certain {
-		t.Error("OOM then removal signal: not counted as an OOM")
+// The settling wait of a lone signal read once the cgroup is gone is
+// runOOM's, on its goroutine: Stats and OOMUndecided, which the reactor
+// calls on its loop goroutine, return at once, without the scope's lock
+// held by a wait (before, Stats polled the eventfd for up to 30 ms under
+// it). OOMUndecided's channel closes when the removal's signal comes (an
+// OOM), or at the end of the wait (none).
+func TestV1OOMSettlesOffTheCaller(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		removal bool // the second signal comes: the lone one was an OOM
+	}{{"oom", true}, {"no oom", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			efd, signal := oomEventfd(t)
+			o := newV1OOM(efd, os.NewFile(uintptr(efd), "oom-eventfd"))
+			o.wait = time.Hour // ended below, by the signal or by hand
+			s := &systemdScope{state: unitRunning, paths: unitCgroups{Memory: filepath.Join(t.TempDir(), "gone")}, oom: o, last: unknownStats()}
+			w := &cgroupWatch{}
+			if !w.adopt(o.file) {
+				t.Fatal("adopt refused")
+			}
+			w.runOOM(o, s)
+			t.Cleanup(w.stop)
+
+			signal()
+			answered := make(chan (<-chan struct{}), 1)
+			go func() {
+				if _, err := s.Stats(); err != nil {
+					t.Errorf("Stats: %v", err)
+				}
+				answered <- s.OOMUndecided()
+			}()
+			var decided <-chan struct{}
+			select {
+			case decided = <-answered:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Stats and OOMUndecided did not return within 10 s: they wait for the settling signal")
+			}
+			if decided == nil {
+				t.Fatal("OOMUndecided = nil with a lone signal read once the cgroup is gone, want a channel")
+			}
+			if tc.removal {
+				signal()
+			} else {
+				// The end of the wait, now.
+				o.file.SetReadDeadline(time.Now())
+			}
+			select {
+			case <-decided:
+			case <-time.After(10 * time.Second):
+				t.Fatal("not decided within 10 s")
+			}
+			st, _ := s.Stats()
+			if got := st.OOMKills > 0; got != tc.removal {
+				t.Errorf("OOMKills = %d once decided, want an OOM: %v", st.OOMKills, tc.removal)
+			}
+			if s.OOMUndecided() != nil {
+				t.Error("OOMUndecided != nil once decided")
+			}
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package scope
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -109,57 +110,116 @@ func (w *cgroupWatch) adopt(f *os.File) bool {
 // Hence: signals read while the cgroup still exists are all OOMs; two or
 // more read in total once it is gone include at least one OOM; a lone one
 // read once it is gone is ambiguous until the next signal (the removal's,
-// if the lone one was an OOM) or a short wait settles it. Both the watcher
-// goroutine and Stats read the eventfd; the scope's mu guards this struct.
+// if the lone one was an OOM) or settleWait settles it as the removal's.
+// Both the watcher goroutine (runOOM) and Stats read the eventfd; the
+// scope's mu guards this struct. Only runOOM waits: Stats and Empty run on
+// the reactor's loop goroutine, which must not block (docs/design.md), so
+// they read what is pending and, when that leaves the count ambiguous, set
+// the settling deadline on the eventfd that runOOM reads.
 type v1OOM struct {
 	fd      int // the eventfd, non-blocking; owned by file
 	file    *os.File
-	total   uint64 // signals read so far
-	certain bool   // an OOM kill happened for sure
-	settled bool   // the ambiguity was resolved as "no OOM"
+	total   uint64        // signals read so far
+	certain bool          // an OOM kill happened for sure
+	settled bool          // the ambiguity was resolved as "no OOM"
+	waiting bool          // ambiguous: file's read deadline is the end of the settling wait
+	wait    time.Duration // the settling wait: settleWait (tests change it)
+	// decided is closed once certain or settled, or the watch ended
+	// (OOMUndecided).
+	decided chan struct{}
+	closed  bool
+}
+
+// settleWait is how long a lone signal read once the cgroup is gone waits
+// for the removal's before it counts as the removal's.
+const settleWait = 30 * time.Millisecond
+
+func newV1OOM(fd int, file *os.File) *v1OOM {
+	return &v1OOM{fd: fd, file: file, wait: settleWait, decided: make(chan struct{})}
 }
 
 // countLocked adds n signals read just now; exists is whether the memory
 // cgroup still existed after the read. It reports whether the count is
-// still ambiguous.
+// still ambiguous; the first time it is, it starts the settling wait.
 func (o *v1OOM) countLocked(n uint64, exists bool) (ambiguous bool) {
 	o.total += n
 	if o.total > 0 && (exists || o.total >= 2) {
 		o.certain = true
 	}
-	return !o.certain && !o.settled && o.total == 1 && !exists
+	ambiguous = !o.certain && !o.settled && o.total == 1 && !exists
+	if ambiguous && !o.waiting {
+		o.waiting = true
+		// Ends runOOM's read at the end of the wait, or now if it ran
+		// ahead; fails (nothing to end) once the watch is stopped.
+		_ = o.file.SetReadDeadline(time.Now().Add(o.wait))
+	}
+	if o.certain || o.settled {
+		o.decideLocked()
+	}
+	return ambiguous
 }
 
-// drainLocked reads what is pending without blocking; when that leaves the
-// count ambiguous it waits up to wait for the settling signal.
-func (o *v1OOM) drainLocked(memDir string, wait time.Duration) {
+// decideLocked closes decided, once.
+func (o *v1OOM) decideLocked() {
+	if !o.closed {
+		o.closed = true
+		close(o.decided)
+	}
+}
+
+// drainLocked reads what is pending without blocking and reports whether
+// the count is ambiguous.
+func (o *v1OOM) drainLocked(memDir string) (ambiguous bool) {
 	var buf [8]byte
-	read := func() {
-		if n, err := unix.Read(o.fd, buf[:]); err == nil && n == 8 {
-			o.countLocked(binary.NativeEndian.Uint64(buf[:]), cgroupv2.Dir(memDir).Exists())
-		}
+	var n uint64
+	if k, err := unix.Read(o.fd, buf[:]); err == nil && k == 8 {
+		n = binary.NativeEndian.Uint64(buf[:])
 	}
-	read()
-	if o.countLocked(0, cgroupv2.Dir(memDir).Exists()) {
-		fds := []unix.PollFd{{Fd: int32(o.fd), Events: unix.POLLIN}}
-		if n, _ := unix.Poll(fds, int(wait.Milliseconds())); n > 0 {
-			read()
-		}
-		if !o.certain {
-			o.settled = true
-		}
+	return o.countLocked(n, cgroupv2.Dir(memDir).Exists())
+}
+
+// undecidedLocked is OOMUndecided's answer for o: nil once decided.
+func (o *v1OOM) undecidedLocked(memDir string) <-chan struct{} {
+	if o.drainLocked(memDir) {
+		return o.decided
 	}
+	return nil
+}
+
+// OOMUndecided: the count is undecided while a lone signal read once the
+// cgroup was gone waits for the removal's (at most settleWait).
+func (s *systemdScope) OOMUndecided() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.oom == nil || s.state != unitRunning && s.state != unitStarting {
+		return nil
+	}
+	return s.oom.undecidedLocked(s.paths.Memory)
 }
 
 // runOOM reads the OOM eventfd in the background, so an OOM is seen while
-// the cgroup still exists even when nobody calls Stats. w adopted o.file.
+// the cgroup still exists even when nobody calls Stats, and does the
+// settling wait (v1OOM). w adopted o.file.
 func (w *cgroupWatch) runOOM(o *v1OOM, s *systemdScope) {
 	go func() {
 		defer w.wg.Done()
 		var buf [8]byte
 		for {
 			if _, err := o.file.Read(buf[:]); err != nil {
-				return // closed, or the settling wait timed out
+				// The settling wait ended with no signal (the lone one
+				// was the removal's), or the watch was stopped.
+				s.mu.Lock()
+				if errors.Is(err, os.ErrDeadlineExceeded) && s.oom == o {
+					// (s.oom == o: the watch is not stopped, the fd is
+					// open.) What came right at the deadline counts.
+					o.drainLocked(s.paths.Memory)
+					if !o.certain {
+						o.settled = true
+					}
+				}
+				o.decideLocked()
+				s.mu.Unlock()
+				return
 			}
 			n := binary.NativeEndian.Uint64(buf[:])
 			s.mu.Lock()
@@ -167,11 +227,8 @@ func (w *cgroupWatch) runOOM(o *v1OOM, s *systemdScope) {
 			ambiguous := o.countLocked(n, exists)
 			s.readStatsLocked()
 			s.mu.Unlock()
-			switch {
-			case ambiguous:
-				o.file.SetReadDeadline(time.Now().Add(2 * time.Second))
-			case !exists:
-				return
+			if !ambiguous && !exists {
+				return // decided: certain (countLocked closed decided)
 			}
 		}
 	}()
@@ -215,7 +272,7 @@ func openV1OOM(dir string) (*v1OOM, error) {
 		unix.Close(efd)
 		return nil, fmt.Errorf("register OOM eventfd: %w", err)
 	}
-	return &v1OOM{fd: efd, file: os.NewFile(uintptr(efd), "oom-eventfd:"+dir)}, nil
+	return newV1OOM(efd, os.NewFile(uintptr(efd), "oom-eventfd:"+dir)), nil
 }
 
 // refreshStats takes a Stats reading now (the watcher saw the cgroup
@@ -237,9 +294,8 @@ func (s *systemdScope) readStatsLocked() {
 	gone := !s.paths.exists()
 	s.last = mergeStats(s.last, now, gone)
 	if s.oom != nil {
-		// At most a short wait, and only once per scope: when the cgroup
-		// vanished with one unexplained signal pending.
-		s.oom.drainLocked(s.paths.Memory, 30*time.Millisecond)
+		// No wait: an ambiguous count is settled by runOOM (v1OOM).
+		s.oom.drainLocked(s.paths.Memory)
 		if s.oom.certain {
 			s.last.OOMKills = max(s.last.OOMKills, 1)
 		}

@@ -348,6 +348,28 @@ func TestMemoryMaxOOM(t *testing.T) {
 	}
 }
 
+// decidedStats reads sc's Stats once its OOM count is decided, as the
+// reactor does at an exit: a lone v1 OOM notification read once the cgroup
+// is gone waits (off Stats, scope.OOMSettler) for the removal's.
+func decidedStats(t *testing.T, sc scope.Scope) scope.Stats {
+	t.Helper()
+	if s, ok := sc.(scope.OOMSettler); ok {
+		if ch := s.OOMUndecided(); ch != nil {
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the OOM count is not decided after 10 s")
+			}
+		}
+	}
+	st, err := sc.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// The OOM kill of the only process is counted although its cgroup is gone.
 func TestOOMOfLastProcessCounted(t *testing.T) {
 	if _, err := exec.LookPath("perl"); err != nil {
 		testenv.Skip(t, "perl not installed")
@@ -365,10 +387,7 @@ func TestOOMOfLastProcessCounted(t *testing.T) {
 		if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 			t.Fatalf("round %d: perl ended with %v, want SIGKILL by the OOM killer", i, c.cmd.ProcessState)
 		}
-		st, err := c.sc.Stats()
-		if err != nil {
-			t.Fatal(err)
-		}
+		st := decidedStats(t, c.sc)
 		if st.OOMKills < 1 {
 			t.Errorf("round %d: Stats().OOMKills = %d after the only process was OOM-killed, want >= 1", i, st.OOMKills)
 		}
@@ -626,10 +645,7 @@ func TestSetLimitsOOMCounted(t *testing.T) {
 			if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 				t.Fatalf("perl ended with %v (stdout %q), want SIGKILL by the OOM killer under the limit SetLimits set", c.cmd.ProcessState, c.stdout.String())
 			}
-			st, err := c.sc.Stats()
-			if err != nil {
-				t.Fatal(err)
-			}
+			st := decidedStats(t, c.sc)
 			if st.OOMKills < 1 {
 				t.Errorf("Stats().OOMKills = %d after the only process was OOM-killed under a SetLimits memory limit, want >= 1", st.OOMKills)
 			}
