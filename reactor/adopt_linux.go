@@ -271,7 +271,7 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 			unix.Close(pidfd)
 		}
 		r.persist(e, e.state, r.snapshot(e), nil)
-		r.startCleanup(e)
+		r.startCleanup(e, false)
 		return
 	case api.StateRunning, api.StateCanceling:
 	case api.StateStarted:

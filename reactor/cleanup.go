@@ -160,7 +160,10 @@ func (r *Reactor) retryKill(e *execution) {
 // failed (retryKill, with its own backoff), and --kill-wait counts from the
 // kill that got through (cleanupOverdue): a tree that was never killed is
 // not given up on as "survived SIGKILL".
-func (r *Reactor) startCleanup(e *execution) {
+//
+// empty says the scope was read empty already, at the exit (exitStats): it
+// is not read again.
+func (r *Reactor) startCleanup(e *execution, empty bool) {
 	if e.sc == nil {
 		r.finishCleanup(e, "")
 		return
@@ -169,7 +172,13 @@ func (r *Reactor) startCleanup(e *execution) {
 	// and kill and watch only a scope that is still populated. An empty
 	// scope has nothing to kill (no process of it is left to fork), so it
 	// is spared the kill's goroutine and cgroup.kill write.
-	if empty, err := e.sc.Empty(); err == nil && empty {
+	if !empty {
+		var err error
+		if empty, err = e.sc.Empty(); err != nil {
+			empty = false
+		}
+	}
+	if empty {
 		r.scopeEmptied(e)
 		if e.cleaning {
 			return

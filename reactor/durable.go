@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"time"
 
 	"github.com/corral-dev/corral/api"
@@ -16,9 +17,21 @@ import (
 // or failed (supervision goes on, the store reports itself degraded; js is
 // nil). Loop goroutine only.
 func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then func(ok bool, js []byte), outs ...store.Output) {
+	r.persistAnswered(e, from, rec, nil, then, outs...)
+}
+
+// persistAnswered is persist with answered, when not nil, called with the
+// store's result where the store gives it (the writer goroutine; the loop
+// for the Memory store or an immediate failure), before then is posted
+// to the loop: what must reach a client the moment the record is durable,
+// without waiting for the loop to wake (commit). answered must not touch
+// the loop's state.
+func (r *Reactor) persistAnswered(e *execution, from api.State, rec api.Record, answered func(store.Result), then func(ok bool, js []byte), outs ...store.Output) {
 	queued := time.Now()
 	r.inflight++
+	e.persisting++
 	followUp := func(res store.Result) {
+		e.persisting--
 		r.inflight--
 		r.obs.StoreCommit(time.Since(queued), res.Err == nil)
 		if res.Err != nil {
@@ -41,6 +54,9 @@ func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then fun
 	seq := r.ackSeq
 	r.ackSeq++
 	r.store.TransitionFunc(from, rec, func(res store.Result) {
+		if answered != nil {
+			answered(res)
+		}
 		r.post(func() { r.acked(seq, func() { followUp(res) }) })
 	}, outs...)
 }
@@ -188,15 +204,47 @@ func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) 
 
 // commit persists the transition e just made (from e.prev) and tells
 // followers once it is durable. Loop goroutine only.
+//
+// The followers e has when the transition is queued are told from the
+// store's answer itself (the writer goroutine), as soon as the record is
+// durable: the post back to the loop and the loop's wake-up are off the
+// notification's path (issue 11, (b)). Only when no earlier write of e is
+// in flight: the store answers writes in the order they were queued, but
+// one that failed is told from the loop, and a later state must not reach
+// a client before it. A follower that came since, or every follower when
+// the write failed (told with the record encoded by the connection), is
+// told on the loop as before.
 func (r *Reactor) commit(e *execution, outs ...store.Output) {
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
 	r.observe(e, e.prev, &rec)
-	r.persist(e, e.prev, rec, func(ok bool, js []byte) {
+	var (
+		early    map[*follower]struct{}
+		answered func(store.Result)
+		told     bool // set by answered, read on the loop after the post
+	)
+	if e.persisting == 0 && len(e.followers) > 0 {
+		early = maps.Clone(e.followers)
+		answered = func(res store.Result) {
+			if res.Err != nil || res.JSON == nil {
+				return
+			}
+			n := stateParams(res.JSON)
+			for f := range early {
+				f.notify(api.NotifyState, n)
+			}
+			told = true
+		}
+	}
+	r.persistAnswered(e, e.prev, rec, answered, func(ok bool, js []byte) {
 		if ok {
 			r.durableAs(e, rec.State)
 		}
-		r.tell(e, rec, js)
+		if told {
+			r.tellOthers(e, rec, js, early)
+		} else {
+			r.tell(e, rec, js)
+		}
 		if e.startAck != nil {
 			e.startAck <- waitAnswer{rec: rec, js: js}
 			e.startAck = nil
@@ -263,6 +311,21 @@ func (r *Reactor) tell(e *execution, rec api.Record, js []byte) {
 		n = stateParams(js)
 	}
 	for f := range e.followers {
+		f.notify(api.NotifyState, n)
+	}
+}
+
+// tellOthers is tell for the followers of e not in told (those were told
+// already, from the store's answer: commit).
+func (r *Reactor) tellOthers(e *execution, rec api.Record, js []byte, told map[*follower]struct{}) {
+	var n any
+	for f := range e.followers {
+		if _, ok := told[f]; ok {
+			continue
+		}
+		if n == nil {
+			n = stateParams(js)
+		}
 		f.notify(api.NotifyState, n)
 	}
 }

@@ -3,6 +3,7 @@ package reactor
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/api"
@@ -10,18 +11,20 @@ import (
 )
 
 // follower is one exec.follow call. Created and used on the loop goroutine;
-// done is read by the calling goroutine.
+// done is read by the calling goroutine, and notify is also called from
+// the store's answer to a commit (commit: send is safe from any
+// goroutine).
 type follower struct {
 	send      func(method string, params any) bool
 	done      chan api.Record // buffered 1: the final record
 	heartbeat *eventloop.Timer
-	dropped   int
+	dropped   atomic.Int64
 	finished  bool
 }
 
 func (f *follower) notify(method string, params any) {
 	if !f.send(method, params) {
-		f.dropped++
+		f.dropped.Add(1)
 	}
 }
 

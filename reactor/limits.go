@@ -152,6 +152,22 @@ func (r *Reactor) readStats(e *execution) (st scope.Stats, read bool) {
 	return st, read
 }
 
+// exitStats is stats at the main process's exit. Where the scope can tell
+// (scope.ExitStatser) it reads the scope's emptiness first and counts no
+// tasks in an empty one; empty reports that reading, for the cleanup that
+// follows (startCleanup), false when the scope was not read empty.
+func (r *Reactor) exitStats(e *execution) (st scope.Stats, empty bool) {
+	x, ok := e.sc.(scope.ExitStatser)
+	if !ok {
+		return r.stats(e), false
+	}
+	s, empty, err := x.ExitStats()
+	if err != nil {
+		return r.stats(e), false
+	}
+	return s, empty
+}
+
 // mergeStats keeps what st measured of the usage in u. It reports whether
 // st had any of it: CPUUsageNS (the /proc fallback included) and OOMKills
 // only serve the limits and are not kept.

@@ -89,8 +89,12 @@ type execution struct {
 
 	waiters   map[chan waitAnswer]struct{} // exec.wait callers, answered at cleaned
 	followers map[*follower]struct{}
-	done      bool            // cleaned, and durable: waiters are answered at once
-	startAck  chan waitAnswer // exec.start's answer, sent once its first transition is durable
+	// persisting counts e's store writes not yet answered on the loop
+	// (persist); a state notification is sent from the store's answer
+	// only when none was in flight before it (commit).
+	persisting int
+	done       bool            // cleaned, and durable: waiters are answered at once
+	startAck   chan waitAnswer // exec.start's answer, sent once its first transition is durable
 
 	// committed is the furthest state whose record's write came back from
 	// the store (durable, or failed and retried: markDirty); cancelAcks
@@ -326,7 +330,7 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	e.endPending = false
 	e.rec.CancelOutcome = "" // outcome says it from here on
 
-	stats := r.stats(e)
+	stats, empty := r.exitStats(e)
 	f := exitFacts{startErr: res.startErr, waitErr: res.err, forced: res.forced,
 		oomKills: stats.OOMKills, limits: e.params, timeoutMS: e.rec.TimeoutMS}
 	if e.cancel != nil {
@@ -383,7 +387,7 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		outs = keptForStore(e)
 	}
 	r.commit(e, outs...)
-	r.startCleanup(e)
+	r.startCleanup(e, empty)
 }
 
 // toCleaned: exited -> cleaned. The tree is gone (or reported as not), the

@@ -211,6 +211,57 @@ func TestCgroupStats(t *testing.T) {
 	}
 }
 
+// TestCgroupExitStats: ExitStats reports what Stats does, and whether the
+// scope is empty: a populated scope's tasks counted, an emptied one's 0.
+func TestCgroupExitStats(t *testing.T) {
+	testenv.CheckFDs(t)
+	b, _ := cgtBackend(t)
+	c := bkStart(t, b, "two", Limits{}, "sh", "-c", "sleep 60 & wait")
+	var (
+		st    Stats
+		empty bool
+		err   error
+	)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if st, empty, err = c.scope.(ExitStatser).ExitStats(); err != nil {
+			t.Fatalf("ExitStats = %v", err)
+		}
+		if st.Tasks == 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	want, err := c.scope.Stats()
+	if err != nil {
+		t.Fatalf("Stats = %v", err)
+	}
+	if empty || st.Tasks != 2 || st.Tasks != want.Tasks || st.TasksPeak != want.TasksPeak {
+		t.Errorf("ExitStats of sh and its sleep = tasks %d, peak %d, empty %v; want 2 tasks, Stats' peak %d, not empty",
+			st.Tasks, st.TasksPeak, empty, want.TasksPeak)
+	}
+	if err := c.scope.Kill(); err != nil {
+		t.Fatalf("Kill = %v", err)
+	}
+	c.wait(t)
+	bkWaitEmpty(t, c.scope)
+	st, empty, err = c.scope.(ExitStatser).ExitStats()
+	if err != nil {
+		t.Fatalf("ExitStats of the emptied scope = %v", err)
+	}
+	want, err = c.scope.Stats()
+	if err != nil {
+		t.Fatalf("Stats = %v", err)
+	}
+	if !empty || st.Tasks != 0 || st != want {
+		t.Errorf("ExitStats of the emptied scope = %+v, empty %v; want Stats' %+v (0 tasks), empty", st, empty, want)
+	}
+	if b.controllers["pids"] && st.TasksPeak < 2 {
+		t.Errorf("TasksPeak %d with the pids controller, want >= 2", st.TasksPeak)
+	}
+	if err := c.scope.Remove(); err != nil {
+		t.Fatalf("Remove = %v", err)
+	}
+}
+
 func TestCgroupLimits(t *testing.T) {
 	testenv.CheckFDs(t)
 	b, base := cgtBackend(t)

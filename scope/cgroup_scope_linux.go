@@ -34,6 +34,7 @@ var (
 	_ Scope         = (*cgroupScope)(nil)
 	_ LimitReporter = (*cgroupScope)(nil)
 	_ EmptyNotifier = (*cgroupScope)(nil)
+	_ ExitStatser   = (*cgroupScope)(nil)
 )
 
 // WatchEmpty opens the scope's cgroup.events for epoll (see
@@ -90,8 +91,26 @@ func (s *cgroupScope) Empty() (bool, error) { return s.cg.Empty() }
 // child cgroups. What it cannot read is Unknown. Once the scope is removed it
 // returns the last reading it made, so read Stats before Remove for the final
 // usage.
-func (s *cgroupScope) Stats() (Stats, error) {
-	cs, err := s.cg.StatsOf(s.memory, s.pids)
+func (s *cgroupScope) Stats() (Stats, error) { return s.stats(false) }
+
+// ExitStats reads cgroup.events first: a scope no process is left in has
+// no task to count, so its Tasks is 0 without reading pids.current, or
+// cgroup.stat and cgroup.threads where the pids controller is off (two of
+// the three reads of Stats on such a host). The rest is as Stats.
+func (s *cgroupScope) ExitStats() (Stats, bool, error) {
+	empty, err := s.cg.Empty()
+	if err != nil {
+		st, serr := s.stats(false)
+		return st, false, errors.Join(err, serr)
+	}
+	st, err := s.stats(empty)
+	return st, empty, err
+}
+
+// stats is Stats; with empty (the scope was just read unpopulated) the
+// task count is 0 without reading it.
+func (s *cgroupScope) stats(empty bool) (Stats, error) {
+	cs, err := s.cg.StatsOf(s.memory, s.pids && !empty)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			// Removed: the last reading is the final one.
@@ -104,6 +123,12 @@ func (s *cgroupScope) Stats() (Stats, error) {
 		return Stats(cs), err
 	}
 	st := Stats(cs)
+	if empty {
+		st.Tasks = 0
+		if s.pids {
+			st.TasksPeak = s.cg.Count("pids.peak")
+		}
+	}
 	if st.Tasks == Unknown {
 		if n, err := s.cg.Threads(); err == nil {
 			st.Tasks = n

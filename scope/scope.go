@@ -158,6 +158,15 @@ type OOMSettler interface {
 	OOMUndecided() <-chan struct{}
 }
 
+// ExitStatser is implemented by scopes that read their counters at the main
+// process's exit more cheaply together with their emptiness: an empty
+// scope has no task left to count. ExitStats returns what Stats would
+// (Tasks 0 when empty) and whether the scope was empty when read; on an
+// error reading emptiness, empty is false. Cheap, like Stats.
+type ExitStatser interface {
+	ExitStats() (st Stats, empty bool, err error)
+}
+
 // EmptyNotifier is implemented by scopes whose emptiness the kernel
 // announces (a cgroup2 cgroup.events), so the caller can wait for it in its
 // epoll set instead of polling Empty.

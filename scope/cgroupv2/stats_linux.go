@@ -48,7 +48,7 @@ func (d Dir) StatsOf(memory, pids bool) (Stats, error) {
 		}
 	}
 	if memory {
-		st.MemoryPeak = d.count("memory.peak")
+		st.MemoryPeak = d.Count("memory.peak")
 		if data, err := d.Read("memory.events"); err == nil {
 			if v, ok := Keyed(data, "oom_kill"); ok {
 				st.OOMKills = v
@@ -56,14 +56,14 @@ func (d Dir) StatsOf(memory, pids bool) (Stats, error) {
 		}
 	}
 	if pids {
-		st.Tasks = d.count("pids.current")
-		st.TasksPeak = d.count("pids.peak")
+		st.Tasks = d.Count("pids.current")
+		st.TasksPeak = d.Count("pids.peak")
 	}
 	return st, nil
 }
 
-// count reads a one-number file, Unknown when it cannot (or it says max).
-func (d Dir) count(name string) int64 {
+// Count reads a one-number file, Unknown when it cannot (or it says max).
+func (d Dir) Count(name string) int64 {
 	v, err := d.ReadInt(name)
 	if err != nil || v < 0 {
 		return Unknown
