@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(systemdEnv) != "" {
 		os.Exit(runSystemdInside())
 	}
+	if os.Getenv(notifyPeerEnv) != "" {
+		os.Exit(runNotifyPeer())
+	}
 	os.Exit(testenv.Main(m))
 }
 
