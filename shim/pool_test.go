@@ -64,6 +64,40 @@ func TestPooledDispatch(t *testing.T) {
 	}
 }
 
+// TestPooledCreds: a pooled shim, whose runtime has had time to start all
+// its threads while it waited, runs the command as the user asked for,
+// every id and the groups, as the kernel shows them.
+func TestPooledCreds(t *testing.T) {
+	needRoot(t)
+	cmd, h := startPooled(t)
+	time.Sleep(50 * time.Millisecond)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	in, _ := os.Open(os.DevNull)
+	defer in.Close()
+	err = h.Dispatch(shim.Config{
+		Argv: []string{"grep", "-E", "^(Uid|Gid|Groups):", "/proc/self/status"}, Env: []string{testPath},
+		SetCreds: true, UID: 65534, GID: 65533, Groups: []uint32{65533, 65532},
+	}, in, w, w)
+	w.Close()
+	if err != nil {
+		t.Fatalf("Dispatch = %v", err)
+	}
+	if rep, err := h.WaitExec(10 * time.Second); rep != nil || err != nil {
+		t.Fatalf("WaitExec = %+v, %v", rep, err)
+	}
+	var out bytes.Buffer
+	out.ReadFrom(r)
+	cmd.Wait()
+	want := "Uid:\t65534\t65534\t65534\t65534\nGid:\t65533\t65533\t65533\t65533\nGroups:\t65532 65533 \n"
+	if code := cmd.ProcessState.ExitCode(); code != 0 || out.String() != want {
+		t.Errorf("exit %d, /proc status %q; want 0 and %q", code, out.String(), want)
+	}
+}
+
 func TestPooledExecFailureAndNetns(t *testing.T) {
 	needRoot(t)
 	cmd1, h := startPooled(t)

@@ -304,15 +304,22 @@ func TestRlimits(t *testing.T) {
 
 func TestCreds(t *testing.T) {
 	needRoot(t)
+	// The shim changes the credentials of the thread that execs only: the
+	// command must still have every id (real, effective, saved and
+	// filesystem) and only the groups asked for, as the kernel shows them.
 	r := start(t, shim.Config{
-		Argv: []string{"sh", "-c", "id -u; id -g; id -G"}, Env: []string{testPath}, Hold: true,
+		Argv: []string{"sh", "-c", "id -u; id -g; id -G; grep -E '^(Uid|Gid|Groups):' /proc/$$/status"}, Env: []string{testPath}, Hold: true,
 		SetCreds: true, UID: 65534, GID: 65534, Groups: []uint32{65534},
 	}, nil)
 	if report, code := r.finish(t); report != nil || code != 0 {
 		t.Fatalf("report %+v, exit %d, stderr %q", report, code, r.stderr.String())
 	}
-	if got := r.stdout.String(); got != "65534\n65534\n65534\n" {
-		t.Errorf("id -u, -g, -G = %q, want 65534 for each", got)
+	want := "65534\n65534\n65534\n" +
+		"Uid:\t65534\t65534\t65534\t65534\n" +
+		"Gid:\t65534\t65534\t65534\t65534\n" +
+		"Groups:\t65534 \n"
+	if got := r.stdout.String(); got != want {
+		t.Errorf("id -u, -g, -G and /proc status = %q, want %q", got, want)
 	}
 }
 
