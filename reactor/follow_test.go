@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -262,9 +263,78 @@ func TestWaitAnswerIsTheStoredRecord(t *testing.T) {
 			t.Errorf("WaitEncoded's JSON\n got %s\nwant %s (%s)", a.js, want, what)
 		}
 	}
-	// Once cleaned, a wait is answered at once, without JSON: ipc encodes.
-	if got, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: rec.ID}); err != nil || got.State != api.StateCleaned || js != nil {
-		t.Errorf("WaitEncoded after cleaned = %v, JSON %q, %v; want cleaned, no JSON", got.State, js, err)
+	// Once cleaned, a wait is answered at once, with the same JSON while
+	// the record is among those that just left memory (recent.go).
+	if got, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: rec.ID}); err != nil || got.State != api.StateCleaned || !bytes.Equal(js, a.js) {
+		t.Errorf("WaitEncoded after cleaned = %v, JSON %q, %v; want cleaned, the stored JSON %s", got.State, js, err, a.js)
+	}
+}
+
+// TestWaitAfterCleanedIsTheStoredRecord: exec.wait for a command that was
+// cleaned and left memory before the wait came is answered from the
+// records that just left memory: the JSON the store wrote for the cleaned
+// record, the same record as the store's; another uid's wait finds
+// nothing, as it would in the store; once the entry is older than
+// recentTTL the store answers (without JSON: ipc encodes).
+func TestWaitAfterCleanedIsTheStoredRecord(t *testing.T) {
+	ws := &writtenStore{Store: openSQLite(t), written: make(map[api.State]api.Record)}
+	tr := newTestReactor(t, func(c *Config) { c.Store = ws })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec, err := tr.Start(ctx, root, api.StartParams{Argv: []string{"true"}, Labels: map[string]string{"k": "<&>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Until it has left memory: cleaned, durable and dropped.
+	for gone := false; !gone; {
+		if err := tr.onLoop(ctx, func() { _, in := tr.execs[rec.ID]; gone = !in }); err != nil {
+			t.Fatal(err)
+		}
+		if !gone {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	got, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: rec.ID})
+	if err != nil || got.State != api.StateCleaned {
+		t.Fatalf("WaitEncoded after it left memory = %v, %v; want cleaned", got.State, err)
+	}
+	ws.mu.Lock()
+	written := ws.written[api.StateCleaned]
+	ws.mu.Unlock()
+	fromStore, ok, err := ws.Get(rec.ID)
+	if err != nil || !ok {
+		t.Fatalf("store Get %s = %v, %v", rec.ID, ok, err)
+	}
+	for what, r := range map[string]api.Record{"the record written to the store": written, "the store's record": fromStore, "the record returned": got} {
+		want, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(js, want) {
+			t.Errorf("WaitEncoded's JSON\n got %s\nwant %s (%s)", js, want, what)
+		}
+	}
+	other := api.Owner{UID: 4242, GID: 4242}
+	if got, _, err := tr.WaitEncoded(ctx, other, api.WaitParams{ID: rec.ID}); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("another uid's WaitEncoded = %v, %v; want not found", got.State, err)
+	}
+	// Older than recentTTL: the store answers.
+	kept := false
+	if err := tr.onLoop(ctx, func() {
+		d, ok := tr.recent.byID[rec.ID]
+		if kept = ok; ok {
+			old := d.rec.CleanedAt.Add(-recentTTL)
+			d.rec.CleanedAt = &old
+			tr.recent.byID[rec.ID] = d
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !kept {
+		t.Fatalf("%s is not among the records that just left memory", rec.ID)
+	}
+	if got, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: rec.ID}); err != nil || got.State != api.StateCleaned || js != nil || got.CleanedAt == nil || !got.CleanedAt.Equal(*fromStore.CleanedAt) {
+		t.Errorf("WaitEncoded of an old entry = %v, JSON %q, %v; want the store's cleaned record, no JSON", got.State, js, err)
 	}
 }
 

@@ -106,6 +106,7 @@ type Reactor struct {
 	retry           *eventloop.Timer
 	pool            *pool // nil without Config.PoolSize
 	obs             Observer
+	recent          recentRing // final records of the executions that left memory last (recent.go)
 
 	total atomic.Int64
 	// How exits were seen: through the pidfd in the loop, or by the

@@ -230,13 +230,17 @@ func (r *Reactor) WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitP
 		return api.Record{}, nil, api.Errorf(api.CodeInvalidParams, "timeout_ms: must not be negative")
 	}
 	var (
-		rec api.Record
-		ch  chan waitAnswer
-		err error
-		e   *execution
+		rec  api.Record
+		ch   chan waitAnswer
+		err  error
+		e    *execution
+		done []byte // the store's JSON of rec, a record that just left memory
 	)
 	if lerr := r.onLoop(ctx, func() {
 		if e, err = r.lookup(caller, p.ID); err != nil {
+			if d, ok := r.recentFor(caller, p.ID); ok {
+				rec, done, err = d.rec, d.js, nil
+			}
 			return
 		}
 		rec = r.snapshot(e)
@@ -246,6 +250,9 @@ func (r *Reactor) WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitP
 		}
 	}); lerr != nil {
 		return rec, nil, lerr
+	}
+	if done != nil {
+		return rec, done, nil
 	}
 	if errors.Is(err, api.ErrNotFound) {
 		rec, err := r.stored(caller, p.ID)

@@ -436,6 +436,7 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		r.releaseWorkspace(e)
 		if ok {
 			delete(r.execs, e.id)
+			r.remember(rec, js)
 		}
 		// Not durable: it stays in memory, answering clients, until a
 		// retry writes it (markDirty).
