@@ -1,7 +1,9 @@
 package reactor
 
 import (
+	"errors"
 	"fmt"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/corral-dev/corral/eventloop"
 	"github.com/corral-dev/corral/redact"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/shim"
 )
 
 // stream is one output pipe of an execution. Loop goroutine only.
@@ -53,6 +56,10 @@ type stdinPipe struct {
 // goroutine), its pipes and its stdin, then moves it to running. A failed
 // start goes straight to exited. Loop goroutine only.
 func (r *Reactor) adopt(e *execution, sp *spawned) {
+	if sp.execPending != nil {
+		r.awaitExec(e, sp) // adopts once the pooled shim exec'd
+		return
+	}
 	e.work = sp.work
 	if sp.work != "" {
 		w := sp.work
@@ -126,6 +133,74 @@ func (r *Reactor) adopt(e *execution, sp *spawned) {
 		}()
 	}
 	r.toRunning(e)
+}
+
+// execWait bounds how long the loop waits for a dispatched pooled shim to
+// exec the command or report why it could not (awaitExec).
+const execWait = 30 * time.Second
+
+// awaitExec waits, in the loop's epoll set, for the pooled shim that spawn
+// gave sp's command to exec it (EOF on its exec-error pipe) or to report
+// why it could not, then adopts the command (adopt) or fails the start.
+// spawn used to wait itself (a goroutine in poll(2), then a post to the
+// loop): here the exec wakes the loop directly, one thread wake-up and one
+// post fewer on the start's path, which on this 2-core host each waited
+// behind the command that had just exec'd on the same CPU. A failed exec
+// is undone off the loop (undoStart kills and reaps the shim and removes
+// its scope: a D-Bus round trip under systemd), then adopted as a failed
+// start. Loop goroutine only.
+func (r *Reactor) awaitExec(e *execution, sp *spawned) {
+	h := sp.execPending
+	fd := h.ErrFD()
+	var timer *eventloop.Timer
+	watched, settled := false, false
+	settle := func(rep *shim.ExecError, err error) {
+		if settled {
+			return
+		}
+		settled = true
+		r.stopTimer(&timer)
+		if watched {
+			if err := r.loop.Remove(fd); err != nil {
+				r.log.Warn().Err(err).Str("exec_id", e.id).Msg("unwatch exec-error pipe")
+			}
+		}
+		h.Close()
+		sp.execPending = nil
+		if err != nil {
+			rep = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("pooled shim did not exec: %v", err)}
+		}
+		if rep == nil {
+			// Exec'd: the pipe has nothing more to say.
+			r.unparkRole(e, sp, RoleExec)
+			r.adopt(e, sp)
+			return
+		}
+		go func() {
+			err := r.undoStart(e, sp, rep) // the shim exits right after its report
+			r.post(func() { r.adopt(e, sp.fail(err)) })
+		}()
+	}
+	if err := r.loop.Add(fd, eventloop.Readable, func(eventloop.Events) {
+		rep, err := shim.ReadExecError(fd)
+		if errors.Is(err, shim.ErrPending) {
+			return
+		}
+		settle(rep, err)
+	}); err != nil {
+		// Wait off the loop instead, as spawn did.
+		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("watch exec-error pipe; waiting on a goroutine")
+		go func() {
+			rep, err := h.WaitExec(execWait)
+			r.post(func() { settle(rep, err) })
+		}()
+		return
+	}
+	watched = true
+	timer = r.loop.AfterFunc(execWait, func() {
+		timer = nil
+		settle(nil, shim.ErrPending)
+	})
 }
 
 // reap runs when e's pidfd is readable: the main process exited. This is

@@ -174,7 +174,8 @@ func (r *Reactor) unparkBeforeKill(e *execution, sp *spawned) {
 
 // unparkRole takes role out of the fd store and of what spawn parked. A
 // role whose Remove failed stays in sp.parked, so that the loop's cleanup
-// (unparkFds) tries again. Spawn's goroutine.
+// (unparkFds) tries again. Spawn's goroutine, or the loop before it
+// adopts sp (awaitExec).
 func (r *Reactor) unparkRole(e *execution, sp *spawned, role string) {
 	keep := sp.parked[:0]
 	for _, ro := range sp.parked {

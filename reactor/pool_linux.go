@@ -359,27 +359,26 @@ func (r *Reactor) pooled(needShim bool) *pooled {
 }
 
 // dispatchPooled runs cfg in a pooled shim: it applies the request's
-// limits to the entry's scope, hands over the command and its stdio, and
-// waits for the exec. On failure before the command could run, ok is
-// false: the caller takes back what it parked for the entry, discards it
-// (pool.discard, which kills the shim) and starts inline. A failed exec is
-// a failed start, reported in xerr; the caller kills the shim (undoStart)
-// after taking back what it parked.
-func (r *Reactor) dispatchPooled(e *pooled, cfg shim.Config, lim scope.Limits, stdin, stdout, stderr *os.File) (xerr *shim.ExecError, ok bool) {
+// limits to the entry's scope and hands over the command and its stdio.
+// On failure before the command could run, ok is false: the caller takes
+// back what it parked for the entry, discards it (pool.discard, which
+// kills the shim) and starts inline. The exec itself is waited for on the
+// loop (awaitExec): a failed exec is a failed start there.
+func (r *Reactor) dispatchPooled(e *pooled, cfg shim.Config, lim scope.Limits, stdin, stdout, stderr *os.File) (ok bool) {
 	if l, can := e.sc.(scope.Limiter); can && (lim.MemoryBytes != 0 || lim.TasksMax != r.cfg.Defaults.TasksMax) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := l.SetLimits(ctx, lim)
 		cancel()
 		if err != nil {
 			r.log.Warn().Err(err).Str("scope", e.sc.Name()).Msg("pool: set limits; starting inline")
-			return nil, false
+			return false
 		}
 	}
 	devnull := stdin
 	if devnull == nil {
 		f, err := os.Open(os.DevNull)
 		if err != nil {
-			return nil, false
+			return false
 		}
 		defer f.Close()
 		devnull = f
@@ -387,14 +386,7 @@ func (r *Reactor) dispatchPooled(e *pooled, cfg shim.Config, lim scope.Limits, s
 	e.dispatched = time.Now()
 	if err := e.h.Dispatch(cfg, devnull, stdout, stderr); err != nil {
 		r.log.Warn().Err(err).Str("scope", e.sc.Name()).Msg("pool: dispatch; starting inline")
-		return nil, false
+		return false
 	}
-	rep, err := e.h.WaitExec(30 * time.Second)
-	e.h.Close()
-	if err != nil {
-		// Killed by the caller (undoStart), once it took back what it
-		// parked for the entry.
-		rep = &shim.ExecError{Op: "exec", Message: fmt.Sprintf("pooled shim did not exec: %v", err)}
-	}
-	return rep, true
+	return true
 }

@@ -38,6 +38,10 @@ type spawned struct {
 	tty       int // the terminal's master (tty: true; stdout, stderr and stdin are -1), or -1
 	work      string
 	launched  time.Time // when the command was let run (placed.launched, or the pooled dispatch)
+	// execPending is the handle of a pooled shim that was given its
+	// command but whose exec the loop still waits for (awaitExec); nil
+	// once it exec'd, or for any other start.
+	execPending *shim.Handle
 	// parked are the roles spawn put in the fd store as soon as the
 	// command was let run (parkSpawned), so that a crash before the loop
 	// takes the child up loses nothing; the loop owns them from adopt on.
@@ -288,9 +292,9 @@ func (sp *spawned) openStdio(p api.StartParams, ra runAs) (*childStdio, error) {
 
 // startPooled offers the command to the warm pool: a shim already in its
 // own scope takes it. It reports whether the pool took it; then sp holds
-// the pooled process and scope (and, if its exec failed, the failed start,
-// already undone), and the child's ends have been closed. If not, nothing
-// changed and the caller starts inline.
+// the pooled process and scope, with the shim's handle in sp.execPending
+// (the loop waits for the exec: awaitExec), and the child's ends have been
+// closed. If not, nothing changed and the caller starts inline.
 func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp *spawned) bool {
 	pe := r.pooled(lp.needShim)
 	if pe == nil {
@@ -319,8 +323,7 @@ func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp
 			return false
 		}
 	}
-	xerr, ok := r.dispatchPooled(pe, cfg, lp.limits, stdio.stdin, stdio.stdout, stdio.stderr)
-	if !ok {
+	if !r.dispatchPooled(pe, cfg, lp.limits, stdio.stdin, stdio.stdout, stdio.stderr) {
 		// Nothing ran: the caller starts inline. What was parked is taken
 		// back before the entry's shim is killed (discard).
 		r.unparkBeforeKill(e, sp)
@@ -328,14 +331,10 @@ func (r *Reactor) startPooled(e *execution, lp launchPlan, stdio *childStdio, sp
 		r.pool.discard(pe)
 		return false
 	}
+	// The shim has its copies (in the dispatch message).
 	stdio.close()
 	sp.proc, sp.sc, sp.pidfd, sp.launched = pe.cmd.Process, pe.sc, pe.pidfd, pe.dispatched
-	if xerr != nil {
-		sp.fail(r.undoStart(e, sp, xerr)) // the shim exits right after its report
-		return true
-	}
-	// Exec'd: the pipe has nothing more to say.
-	r.unparkRole(e, sp, RoleExec)
+	sp.execPending = pe.h
 	return true
 }
 
