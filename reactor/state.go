@@ -18,6 +18,7 @@ package reactor
 
 import (
 	"os"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -387,6 +388,10 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		outs = keptForStore(e)
 	}
 	r.commit(e, outs...)
+	// The store's writer, just woken for the exited record, waits in this
+	// thread's run queue: let it run here now instead of after a wake-up
+	// of another thread; the loop goes on where a thread is free.
+	runtime.Gosched()
 	r.startCleanup(e, empty)
 }
 
