@@ -61,7 +61,8 @@ func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowPara
 			return
 		}
 		// Backlog first, then the current state; live output follows in
-		// order because everything is sent from the loop goroutine.
+		// order because it is sent from the loop goroutine (a state
+		// change may be sent from the store's answer, after this: commit).
 		for i, off := range []int64{p.StdoutOffset, p.StderrOffset} {
 			s := e.streams[i]
 			if s == nil {
