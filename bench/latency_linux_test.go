@@ -288,7 +288,7 @@ func (s *suite) benchExecLatency(t *testing.T) {
 			"Store: SQLite with the default --store-sync normal unless the row says otherwise. "+
 			"\"start+wait\": exec.start then exec.wait until cleaned. \"until exited\"/\"until cleaned\": exec.start then exec.follow, time of the exec.state notification with state exited, and of the final record. "+
 			"The C floor: posix_spawn+waitpid of /bin/true (stdio on /dev/null) in a long-lived C process (bench/testdata/spawn_peer.c, compiled with cc -O2), timed by itself with CLOCK_MONOTONIC; "+
-			"\"same kernel work\": the same process does what the kernel must do for corrald's cgroup backend (mkdir a cgroup and a workspace, two pipes, clone3 with CLONE_INTO_CGROUP|CLONE_VFORK, exec in the workspace, both pipes to EOF, waitpid, both rmdirs, the workspace held open across its rmdir and closed after, as corrald removes it) with no daemon, store or RPC: the bound below which corrald's design cannot go. %s",
+			"\"same kernel work\": the same process does what the kernel must do for corrald's cgroup backend (mkdir a cgroup and a workspace, two pipes, clone3 with CLONE_INTO_CGROUP|CLONE_VFORK, exec in the workspace, both pipes to EOF, waitpid, both rmdirs, the workspace held open across its rmdir and closed once the time is taken, as corrald frees its inode only after the exec.wait answer) with no daemon, store or RPC: the bound below which corrald's design cannot go. %s",
 			latencyN, latencyWU, pyNote),
 		rows)
 	if sp != nil {

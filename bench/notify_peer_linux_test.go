@@ -142,6 +142,7 @@ func runNotifyPeer() int {
 
 func notifyPeerLoop(mark string) error {
 	const sock = 3
+	unix.CloseOnExec(sock) // the sleeps it starts do not inherit it
 	if err := unix.SetNonblock(sock, true); err != nil {
 		return fmt.Errorf("socket: %w", err)
 	}

@@ -11,14 +11,17 @@
  *             (stdout, stderr), clone3 with CLONE_INTO_CGROUP|CLONE_VFORK
  *             and execve in the workspace, read both pipes to EOF,
  *             waitpid, rmdir the cgroup and the workspace (the
- *             workspace held open across its rmdir and closed after, as
- *             corrald does)
+ *             workspace held open across its rmdir and closed after the
+ *             time is taken: corrald frees the inode only after it has
+ *             answered exec.wait)
  *     kernelrate N MS CGROUP-BASE WORK-DIR
  *             the same kernel work from N worker processes at once (each
  *             forked from this one, single-threaded, looping "kernel"
  *             with names of its own) for MS milliseconds: a worker starts
  *             no round after the deadline, and the window ends when the
- *             last worker has finished its round and exited
+ *             last worker has finished its round and exited (each round
+ *             closes its workspace's fd inside the window: a rate pays
+ *             for the inode's free)
  *     quit    exit
  *
  * For each command it prints one line: the nanoseconds from before
@@ -70,9 +73,16 @@ static int undo_kernel(const char *cg, const char *ws, const int *fds, int nfds)
 }
 
 /* one_kernel does the "kernel" command once; it returns the exit status
- * of the child or -1 with errno set, leaving nothing it made behind. */
-static int one_kernel(const char *cgbase, const char *workdir, const char *tag, long n)
+ * of the child or -1 with errno set, leaving nothing it made behind. With
+ * held non-NULL, the workspace's directory fd (held open across its rmdir)
+ * is handed back in *held instead of closed (-1 if none): the close frees
+ * the inode, which corrald does only after it has answered exec.wait
+ * (releaseWorkspace), so a latency round closes it after its clock stops;
+ * a rate round (kernelrate) pays for it inside the round. */
+static int one_kernel(const char *cgbase, const char *workdir, const char *tag, long n, int *held)
 {
+	if (held != NULL)
+		*held = -1;
 	char cg[512], ws[512];
 	snprintf(cg, sizeof cg, "%s/k-%s%ld", cgbase, tag, n);
 	snprintf(ws, sizeof ws, "%s/k-%s%ld", workdir, tag, n);
@@ -129,7 +139,9 @@ static int one_kernel(const char *cgbase, const char *workdir, const char *tag, 
 	int wsfd = open(ws, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	int failed = rmdir(cg) < 0 || rmdir(ws) < 0;
 	int saved = errno;
-	if (wsfd >= 0)
+	if (wsfd >= 0 && held != NULL)
+		*held = wsfd;
+	else if (wsfd >= 0)
 		close(wsfd);
 	if (failed) {
 		errno = saved;
@@ -171,7 +183,7 @@ static void kernel_rate(int n, long ms, const char *cgbase, const char *workdir)
 			snprintf(tag, sizeof tag, "w%d-", w);
 			struct worker_result r = {0, 0};
 			while (now_ns() < deadline) {
-				if (one_kernel(cgbase, workdir, tag, r.rounds) != 0) {
+				if (one_kernel(cgbase, workdir, tag, r.rounds, NULL) != 0) {
 					r.err = errno ? errno : EIO;
 					break;
 				}
@@ -230,8 +242,11 @@ int main(void)
 				continue;
 			}
 			long long t0 = now_ns();
-			int code = one_kernel(cgbase, workdir, "", kernel_n++);
+			int held;
+			int code = one_kernel(cgbase, workdir, "", kernel_n++, &held);
 			long long t1 = now_ns();
+			if (held >= 0)
+				close(held); /* after the answer, as corrald */
 			if (code < 0)
 				printf("0 -1 kernel: %s\n", strerror(errno));
 			else
