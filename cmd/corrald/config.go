@@ -132,7 +132,7 @@ func parseConfig(args []string) (*config, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		if !explicit && errors.Is(err, os.ErrNotExist) {
-			return c, nil
+			return c, c.check()
 		}
 		return nil, fmt.Errorf("config: %w", err) // "open PATH: ...", from os
 	}
@@ -142,7 +142,18 @@ func parseConfig(args []string) (*config, error) {
 	if err := applyConfigFile(fs, f, set); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
-	return c, nil
+	return c, c.check()
+}
+
+// check refuses values every flag's type accepts but corrald cannot run
+// with.
+func (c *config) check() error {
+	if c.retention <= 0 {
+		// The sweeper deletes what was cleaned before now - retention: 0
+		// or less would delete every record as soon as it is cleaned.
+		return fmt.Errorf("--retention %v: must be positive (how long cleaned records stay queryable)", c.retention)
+	}
+	return nil
 }
 
 // singleDashLong rewrites "-name" and "-name=value" to "--name..." when name

@@ -46,6 +46,11 @@ func TestConfigFileErrors(t *testing.T) {
 			}
 		})
 	}
+	for _, arg := range []string{"--retention=0s", "--retention=-1h"} {
+		if _, err := parseConfig([]string{"--config=/dev/null", arg}); err == nil || !strings.Contains(err.Error(), "--retention") {
+			t.Errorf("parseConfig(%s) = %v, want an error naming --retention", arg, err)
+		}
+	}
 	if _, err := parseConfig([]string{"--config", "/nonexistent/corrald.conf"}); err == nil {
 		t.Error("a missing explicit config file is not an error")
 	}
