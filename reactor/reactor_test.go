@@ -1013,3 +1013,58 @@ func TestOrphansAreMainThreadChildren(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestSigchldReapsAreSpaced: a burst of child exits (each a SIGCHLD) is
+// reaped on the signal at most once per sigReapEvery, and an orphan that
+// exits is still reaped by the signal's reap, well before the 1 s sweep.
+func TestSigchldReapsAreSpaced(t *testing.T) {
+	tr := newTestReactor(t, nil) // makes this process a child subreaper
+	before := tr.reaper.sigReaps.Load()
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 10; j++ {
+				// Not registered main processes: the reaper may reap them
+				// first, so Run's ECHILD is not an error here.
+				_ = exec.Command("true").Run()
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(t0)
+	time.Sleep(2 * sigReapEvery) // the reap at the end of the last interval
+	reaps := tr.reaper.sigReaps.Load() - before
+	if most := int64(elapsed/sigReapEvery) + 2; reaps > most {
+		t.Errorf("80 child exits in %s: %d reaps on SIGCHLD, want at most %d (one per %s)", elapsed, reaps, most, sigReapEvery)
+	}
+	if reaps == 0 {
+		t.Errorf("80 child exits: no reap on SIGCHLD")
+	}
+	// An orphan that exits is reaped on its SIGCHLD: a reap within
+	// sigReapEvery of the signal, not the sweep a second later.
+	b, _ := exec.Command("sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!").Output()
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("orphan pid: %v", err)
+	}
+	n := tr.reaper.sigReaps.Load()
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan %d not reaped within 10s", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if tr.reaper.sigReaps.Load() == n {
+		t.Errorf("orphan %d was reaped, but by no reap on SIGCHLD", pid)
+	}
+}
