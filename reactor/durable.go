@@ -281,7 +281,7 @@ func (r *Reactor) committedAs(e *execution, rec api.Record) {
 	if rec.State <= e.committed {
 		return
 	}
-	e.committed = rec.State
+	e.committed, e.committedRec = rec.State, rec
 	if rec.State >= api.StateCanceling && e.endPending {
 		r.endTree(e)
 	}

@@ -217,3 +217,51 @@ func equalStates(a, b []api.State) bool {
 	}
 	return true
 }
+
+// TestFollowShowsOnlyDurableStates: exec.follow called while the exited
+// record's write is in flight shows the last durable record (running) as
+// the current one, then exited once it is written, then cleaned: no state
+// before the store has it.
+func TestFollowShowsOnlyDurableStates(t *testing.T) {
+	st := &exitHeldStore{Store: store.NewMemory(), release: make(chan struct{}), asked: make(chan string, 1)}
+	tr := newTestReactor(t, func(c *Config) { c.Store = st })
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(st.release) }) }
+	t.Cleanup(release) // before the reactor's shutdown: cleanups run last first
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec, err := tr.Start(ctx, root, api.StartParams{Cwd: "/", Argv: []string{"sleep", "60"}})
+	if err != nil || rec.State != api.StateRunning {
+		t.Fatalf("Start = %v, %v", rec.State, err)
+	}
+	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-st.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exited record was not sent to the store within 10s of the kill")
+	}
+	log := newStateLog()
+	followed := make(chan error, 1)
+	go func() {
+		_, err := tr.Follow(ctx, root, api.FollowParams{ID: rec.ID}, log.notify)
+		followed <- err
+	}()
+	select {
+	case first := <-log.seen:
+		if first != api.StateRunning {
+			t.Errorf("exec.follow's current record while exited was not durable: %s, want running", first)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("exec.follow sent no current record within 10s")
+	}
+	release()
+	if err := <-followed; err != nil {
+		t.Fatalf("Follow = %v", err)
+	}
+	want := []api.State{api.StateRunning, api.StateExited, api.StateCleaned}
+	if got := log.got(); !equalStates(got, want) {
+		t.Errorf("exec.state notifications %v, want %v", got, want)
+	}
+}

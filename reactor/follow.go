@@ -78,6 +78,12 @@ func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowPara
 			}
 		}
 		rec := r.snapshot(e)
+		if e.state > e.committed && e.committedRec.ID != "" {
+			// The current state's write is in flight: show the last
+			// record that came back from the store; the new state
+			// follows once it has (commit, toCleaned).
+			rec = e.committedRec
+		}
 		f.notify(api.NotifyState, api.StateNotification{Record: rec})
 		if e.done {
 			f.finish(rec)
