@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,7 +42,8 @@ const clientLabel = "side=client"
 // daemon's hot path in this process — reactor.New + Run with the cgroup
 // backend, the SQLite store (sync normal), pool off, served by ipc.Server
 // on a Unix socket as in corrald — under runtime/pprof, for the exec
-// latency loop and the output drain, and prints the top functions.
+// latency loop (one client, and 8 at once: (d)'s path) and the output
+// drain, and prints the top functions.
 func (s *suite) benchProfile(t *testing.T) {
 	dir := os.Getenv(profileEnv)
 	if dir == "" {
@@ -101,7 +103,7 @@ func (s *suite) benchProfile(t *testing.T) {
 	})
 
 	ctx := ctxT(t, 5*time.Minute)
-	var execProf, drainProf string
+	var execProf, exec8Prof, drainProf string
 	pprof.Do(ctx, pprof.Labels("side", "client"), func(ctx context.Context) {
 		c, err := ipc.Dial(sock) // its reader goroutine inherits the label
 		if err != nil {
@@ -114,6 +116,36 @@ func (s *suite) benchProfile(t *testing.T) {
 		execProf = profileTo(t, filepath.Join(dir, "exec.pprof"), func() {
 			for i := 0; i < profileExecN; i++ {
 				runWait(t, ctx, c, nil)
+			}
+		})
+		// (d)'s path: 8 clients at once, each on its own connection, as
+		// many start+wait in all.
+		cs := make([]*ipc.Client, 8)
+		for i := range cs {
+			if cs[i], err = ipc.Dial(sock); err != nil {
+				t.Fatalf("dial in-process server: %v", err)
+			}
+			defer cs[i].Close()
+		}
+		exec8Prof = profileTo(t, filepath.Join(dir, "exec8.pprof"), func() {
+			var wg sync.WaitGroup
+			errs := make(chan error, len(cs))
+			for _, c := range cs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < profileExecN/len(cs); i++ {
+						if err := trueThrough(ctx, c); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatalf("8 clients in-process: %v", err)
 			}
 		})
 		argv := []string{"/usr/bin/head", "-c", fmt.Sprint(drainBytes), "/dev/zero"}
@@ -142,6 +174,7 @@ func (s *suite) benchProfile(t *testing.T) {
 		"Top 15 by flat time, then by cumulative time (`go tool pprof -top`).\n", clientLabel)
 	for _, p := range []struct{ title, file string }{
 		{fmt.Sprintf("exec latency loop: %d × start+wait of /bin/true", profileExecN), execProf},
+		{fmt.Sprintf("executions from 8 clients at once: %d × start+wait of /bin/true, each client its own connection", profileExecN/8*8), exec8Prof},
 		{fmt.Sprintf("output drain: %d × head -c %d /dev/zero", profileDrainN, drainBytes), drainProf},
 	} {
 		for _, mode := range []string{"flat", "cum"} {
