@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/api"
@@ -25,15 +26,16 @@ func (r *Reactor) persist(e *execution, from api.State, rec api.Record, then fun
 // for the Memory store or an immediate failure), before then is posted
 // to the loop: what must reach a client the moment the record is durable,
 // without waiting for the loop to wake (commit). answered must not touch
-// the loop's state.
-func (r *Reactor) persistAnswered(e *execution, from api.State, rec api.Record, answered func(store.Result), then func(ok bool, js []byte), outs ...store.Output) {
-	queued := time.Now()
+// the loop's state. queued: the store had not answered when
+// TransitionFunc returned.
+func (r *Reactor) persistAnswered(e *execution, from api.State, rec api.Record, answered func(store.Result), then func(ok bool, js []byte), outs ...store.Output) (queued bool) {
+	queuedAt := time.Now()
 	r.inflight++
 	e.persisting++
 	followUp := func(res store.Result) {
 		e.persisting--
 		r.inflight--
-		r.obs.StoreCommit(time.Since(queued), res.Err == nil)
+		r.obs.StoreCommit(time.Since(queuedAt), res.Err == nil)
 		if res.Err != nil {
 			r.log.Error().Err(res.Err).Str("exec_id", e.id).Stringer("state", rec.State).
 				Msg("store: transition not durable; the execution stays supervised, the write is retried")
@@ -53,12 +55,15 @@ func (r *Reactor) persistAnswered(e *execution, from api.State, rec api.Record, 
 	// is answered ahead of queued writes).
 	seq := r.ackSeq
 	r.ackSeq++
+	var now atomic.Bool // answered before TransitionFunc returned
 	r.store.TransitionFunc(from, rec, func(res store.Result) {
+		now.Store(true)
 		if answered != nil {
 			answered(res)
 		}
 		r.post(func() { r.acked(seq, func() { followUp(res) }) })
 	}, outs...)
+	return !now.Load()
 }
 
 // acked runs the follow-up of the transition numbered seq once those of
@@ -203,7 +208,8 @@ func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) 
 }
 
 // commit persists the transition e just made (from e.prev) and tells
-// followers once it is durable. Loop goroutine only.
+// followers once it is durable; queued says the store had not answered
+// when it returned (its writer has the record). Loop goroutine only.
 //
 // The followers e has when the transition is queued are told from the
 // store's answer itself (the writer goroutine), as soon as the record is
@@ -214,7 +220,7 @@ func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) 
 // a client before it. A follower that came since, or every follower when
 // the write failed (told with the record encoded by the connection), is
 // told on the loop as before.
-func (r *Reactor) commit(e *execution, outs ...store.Output) {
+func (r *Reactor) commit(e *execution, outs ...store.Output) (queued bool) {
 	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
 	r.observe(e, e.prev, &rec)
@@ -236,7 +242,7 @@ func (r *Reactor) commit(e *execution, outs ...store.Output) {
 			told = true
 		}
 	}
-	r.persistAnswered(e, e.prev, rec, answered, func(ok bool, js []byte) {
+	return r.persistAnswered(e, e.prev, rec, answered, func(ok bool, js []byte) {
 		if ok {
 			r.durableAs(e, rec.State)
 		}

@@ -262,6 +262,26 @@ func (r *Reactor) drain(e *execution, s *stream) {
 	}
 }
 
+// drainBeforeExit reads what e's pipes hold before the exit is recorded:
+// what the main process wrote before it exited is in them, and is kept
+// and sent to the followers ahead of exec.state exited (which may be sent
+// from the store's answer, off the loop) and stored with the exited
+// record. Without it the order was epoll's (the exit seen before a pipe
+// the loop had not read yet: always with the waiter goroutine's posted
+// exit). A drain is bounded (rounds of the read buffer), so a tree that
+// keeps writing cannot hold the exit up; the state is not exited yet, so
+// an EOF here does not finish a cleanup.
+func (r *Reactor) drainBeforeExit(e *execution) {
+	if e.state.Finished() {
+		return
+	}
+	for _, s := range e.streams {
+		if s != nil && s.fd >= 0 {
+			r.drain(e, s)
+		}
+	}
+}
+
 // keep appends chunk to s's kept output and sends it to e's followers.
 // chunk may alias the loop's read buffer: notify encodes before it returns.
 func (r *Reactor) keep(e *execution, s *stream, chunk []byte) {

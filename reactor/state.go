@@ -317,6 +317,7 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	if r.deferExit(e, res) {
 		return // back here once the scope knows whether it saw an OOM kill
 	}
+	r.drainBeforeExit(e)
 	if !r.transition(e, api.StateExited) {
 		return
 	}
@@ -391,11 +392,14 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	if !r.spooling() {
 		outs = keptForStore(e)
 	}
-	r.commit(e, outs...)
-	// The store's writer, just woken for the exited record, waits in this
-	// thread's run queue: let it run here now instead of after a wake-up
-	// of another thread; the loop goes on where a thread is free.
-	runtime.Gosched()
+	if r.commit(e, outs...) {
+		// The store's writer, just woken for the exited record, waits in
+		// this thread's run queue: let it run here now instead of after a
+		// wake-up of another thread; the loop goes on where a thread is
+		// free. Not when the store already answered (--store memory, a
+		// failed write): nothing would run in its place.
+		runtime.Gosched()
+	}
 	r.startCleanup(e, empty)
 }
 
