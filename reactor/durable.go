@@ -287,7 +287,7 @@ func (r *Reactor) committedAs(e *execution, rec api.Record) {
 	if rec.State <= e.committed {
 		return
 	}
-	e.committed, e.committedRec = rec.State, rec
+	e.committed = rec.State
 	if rec.State >= api.StateCanceling && e.endPending {
 		r.endTree(e)
 	}

@@ -102,10 +102,6 @@ type execution struct {
 	// are exec.cancel answers waiting for it (durable.go).
 	committed  api.State
 	cancelAcks []commitWait
-	// committedRec is that record: what exec.follow shows as the current
-	// record while a newer state's write is in flight, so that no client
-	// is told of a state before it is durable (Follow).
-	committedRec api.Record
 	// endPending: canceling, its tree not signalled yet; endTree sends
 	// the signal once the canceling record's write came back, or after
 	// cancelCommitWait (endWait) when the store is slower than that.
