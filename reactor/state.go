@@ -17,6 +17,7 @@ package reactor
 // (commit to the store).
 
 import (
+	"maps"
 	"os"
 	"runtime"
 	"syscall"
@@ -424,8 +425,30 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 	rec := r.snapshot(e)
 	r.observe(e, e.prev, &rec)
 	// The final record, with the kept output, is durable before any client
-	// hears of it; from then on the store answers for it.
-	r.persist(e, e.prev, rec, func(ok bool, js []byte) {
+	// hears of it; from then on the store answers for it. The exec.wait
+	// callers waiting now are answered from the store's answer itself (the
+	// writer goroutine), as soon as it is durable, as commit tells
+	// followers: the post back to the loop and its wake-up are off the
+	// answer's path. A caller that came since, or every caller when the
+	// write failed, is answered from the loop.
+	var (
+		early    map[chan waitAnswer]struct{}
+		answered func(store.Result)
+		told     bool // set by answered, read on the loop after the post
+	)
+	if len(e.waiters) > 0 {
+		early = maps.Clone(e.waiters)
+		answered = func(res store.Result) {
+			if res.Err != nil || res.JSON == nil {
+				return
+			}
+			for ch := range early {
+				ch <- waitAnswer{rec: rec, js: res.JSON} // buffered: one answer each
+			}
+			told = true
+		}
+	}
+	queued := r.persistAnswered(e, e.prev, rec, answered, func(ok bool, js []byte) {
 		if ok {
 			r.durableAs(e, rec.State)
 			r.dropSpools(e) // the store holds the kept output now
@@ -434,6 +457,9 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		r.tell(e, rec, js)
 		e.done = true
 		for ch := range e.waiters {
+			if _, was := early[ch]; told && was {
+				continue
+			}
 			ch <- waitAnswer{rec: rec, js: js}
 		}
 		e.waiters = nil
@@ -450,6 +476,9 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		// Not durable: it stays in memory, answering clients, until a
 		// retry writes it (markDirty).
 	}, keptForStore(e)...)
+	if queued {
+		runtime.Gosched() // the writer runs here now, as after exited
+	}
 }
 
 // releaseWorkspace lets the file system free e's removed workspace (see
