@@ -38,7 +38,7 @@ func writeManPage(w io.Writer, fs *pflag.FlagSet) {
 /var/lib/corral: the state directory (the execution store and workspaces).
 
 /run/corral/corrald.sock: the socket, usually passed by corrald.socket.`},
-			{Title: "Environment", Text: `OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and the other OTEL_* variables of the OpenTelemetry specification: when an endpoint is set, corrald exports one trace per execution over OTLP.`},
+			{Title: "Environment", Text: `OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and the other OTEL_* variables of the OpenTelemetry specification: when an endpoint is set, corrald exports one trace per execution over OTLP. GOGC: the Go collector's heap growth before a collection, 50 unless set (less memory per supervised child for a little more CPU in collections).`},
 			{Title: "Exit status", Text: `0 after a clean shutdown (SIGTERM or SIGINT), 1 when start-up or the event loop failed (the journal's MESSAGE says why), 2 on a usage error.`},
 			{Title: "See also", Text: `corralctl(1), systemd.socket(5)`},
 		},
