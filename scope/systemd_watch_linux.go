@@ -203,9 +203,39 @@ func (s *systemdScope) OOMUndecided() <-chan struct{} {
 func (w *cgroupWatch) runOOM(o *v1OOM, s *systemdScope) {
 	go func() {
 		defer w.wg.Done()
-		var buf [8]byte
+		rc, rcErr := o.file.SyscallConn()
 		for {
-			if _, err := o.file.Read(buf[:]); err != nil {
+			// The counter is read and counted under s.mu in one step:
+			// read first and counted after, a Stats between the two found
+			// neither the signal nor an undecided count (an OOM missed).
+			var ambiguous, exists bool
+			var readErr error
+			err := rcErr
+			if err == nil {
+				err = rc.Read(func(fd uintptr) bool {
+					var buf [8]byte
+					s.mu.Lock()
+					defer s.mu.Unlock()
+					n, rerr := unix.Read(int(fd), buf[:])
+					switch {
+					case rerr == unix.EAGAIN:
+						return false // wait until readable
+					case rerr != nil:
+						readErr = os.NewSyscallError("read oom eventfd", rerr)
+						return true
+					case n != len(buf):
+						return true // nothing to count; read again
+					}
+					exists = cgroupv2.Dir(s.paths.Memory).Exists()
+					ambiguous = o.countLocked(binary.NativeEndian.Uint64(buf[:]), exists)
+					s.readStatsLocked()
+					return true
+				})
+				if err == nil {
+					err = readErr
+				}
+			}
+			if err != nil {
 				// The settling wait ended with no signal (the lone one
 				// was the removal's), or the watch was stopped.
 				s.mu.Lock()
@@ -221,12 +251,6 @@ func (w *cgroupWatch) runOOM(o *v1OOM, s *systemdScope) {
 				s.mu.Unlock()
 				return
 			}
-			n := binary.NativeEndian.Uint64(buf[:])
-			s.mu.Lock()
-			exists := cgroupv2.Dir(s.paths.Memory).Exists()
-			ambiguous := o.countLocked(n, exists)
-			s.readStatsLocked()
-			s.mu.Unlock()
 			if !ambiguous && !exists {
 				return // decided: certain (countLocked closed decided)
 			}
