@@ -12,17 +12,19 @@ import (
 	"github.com/corral-dev/corral/store"
 )
 
-// exitHeldStore holds the exited transition from the store until release
-// is closed, then writes it on a goroutine of its own, as the SQLite
-// store's writer answers: asked says when it was asked for.
-type exitHeldStore struct {
+// heldStore holds every write of one state from the store until Release,
+// then writes it on a goroutine of its own, as the SQLite store's writer
+// answers: asked says when one was asked for.
+type heldStore struct {
 	store.Store
+	state   api.State
 	release chan struct{}
+	once    sync.Once
 	asked   chan string
 }
 
-func (s *exitHeldStore) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
-	if rec.State != api.StateExited {
+func (s *heldStore) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
+	if rec.State != s.state {
 		s.Store.TransitionFunc(from, rec, done, outs...)
 		return
 	}
@@ -31,6 +33,24 @@ func (s *exitHeldStore) TransitionFunc(from api.State, rec api.Record, done func
 		<-s.release
 		s.Store.TransitionFunc(from, rec, done, outs...)
 	}()
+}
+
+// Release lets the held writes (and those to come) through. Idempotent.
+func (s *heldStore) Release() { s.once.Do(func() { close(s.release) }) }
+
+// startHeld starts a reactor whose store holds the writes of state (a
+// Memory store behind) and, in it, a sleep 60 that runs. The store is
+// released when the test ends, before the reactor's shutdown.
+func startHeld(ctx context.Context, t *testing.T, state api.State) (*testReactor, *heldStore, api.Record) {
+	t.Helper()
+	st := &heldStore{Store: store.NewMemory(), state: state, release: make(chan struct{}), asked: make(chan string, 1)}
+	tr := newTestReactor(t, func(c *Config) { c.Store = st })
+	t.Cleanup(st.Release) // cleanups run last first: before the reactor's shutdown
+	rec, err := tr.Start(ctx, root, api.StartParams{Cwd: "/", Argv: []string{"sleep", "60"}})
+	if err != nil || rec.State != api.StateRunning {
+		t.Fatalf("Start = %v, %v", rec.State, err)
+	}
+	return tr, st, rec
 }
 
 // stateLog is a follower's notify that keeps the states of the exec.state
@@ -92,17 +112,9 @@ func (l *stateLog) waitFor(t *testing.T, st api.State, while string) {
 // the loop is busy (here blocked on purpose) the notification still
 // arrives. Then cleaned follows, each state once and in order.
 func TestExitedToldOnceDurableWithoutTheLoop(t *testing.T) {
-	st := &exitHeldStore{Store: store.NewMemory(), release: make(chan struct{}), asked: make(chan string, 1)}
-	tr := newTestReactor(t, func(c *Config) { c.Store = st })
-	var releaseOnce sync.Once
-	release := func() { releaseOnce.Do(func() { close(st.release) }) }
-	t.Cleanup(release) // before the reactor's shutdown: cleanups run last first
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rec, err := tr.Start(ctx, root, api.StartParams{Cwd: "/", Argv: []string{"sleep", "60"}})
-	if err != nil || rec.State != api.StateRunning {
-		t.Fatalf("Start = %v, %v", rec.State, err)
-	}
+	tr, st, rec := startHeld(ctx, t, api.StateExited)
 	log := newStateLog()
 	followed := make(chan error, 1)
 	go func() {
@@ -136,7 +148,7 @@ func TestExitedToldOnceDurableWithoutTheLoop(t *testing.T) {
 	t.Cleanup(letGo)
 	tr.post(func() { close(blocked); <-unblock })
 	<-blocked
-	release()
+	st.Release()
 	log.waitFor(t, api.StateExited, "of the store's answer while the loop was blocked")
 	letGo()
 	if err := <-followed; err != nil {
@@ -223,17 +235,9 @@ func equalStates(a, b []api.State) bool {
 // exited, then cleaned: no state before the store has it, none twice, and
 // never an older one after a newer.
 func TestFollowShowsOnlyDurableStates(t *testing.T) {
-	st := &exitHeldStore{Store: store.NewMemory(), release: make(chan struct{}), asked: make(chan string, 1)}
-	tr := newTestReactor(t, func(c *Config) { c.Store = st })
-	var releaseOnce sync.Once
-	release := func() { releaseOnce.Do(func() { close(st.release) }) }
-	t.Cleanup(release) // before the reactor's shutdown: cleanups run last first
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rec, err := tr.Start(ctx, root, api.StartParams{Cwd: "/", Argv: []string{"sleep", "60"}})
-	if err != nil || rec.State != api.StateRunning {
-		t.Fatalf("Start = %v, %v", rec.State, err)
-	}
+	tr, st, rec := startHeld(ctx, t, api.StateExited)
 	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +259,7 @@ func TestFollowShowsOnlyDurableStates(t *testing.T) {
 		t.Errorf("exec.follow sent %s while the exited record was not durable, want nothing until it is", first)
 	case <-time.After(300 * time.Millisecond):
 	}
-	release()
+	st.Release()
 	if err := <-followed; err != nil {
 		t.Fatalf("Follow = %v", err)
 	}

@@ -9,44 +9,16 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
-	"github.com/corral-dev/corral/store"
 )
-
-// cleanedHeldStore holds each cleaned write until release is closed.
-type cleanedHeldStore struct {
-	store.Store
-	release chan struct{}
-	asked   chan string
-}
-
-func (s *cleanedHeldStore) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
-	if rec.State != api.StateCleaned {
-		s.Store.TransitionFunc(from, rec, done, outs...)
-		return
-	}
-	s.asked <- rec.ID
-	go func() {
-		<-s.release
-		s.Store.TransitionFunc(from, rec, done, outs...)
-	}()
-}
 
 // TestWaitAnsweredOnceDurableWithoutTheLoop: an exec.wait caller is
 // answered only once the cleaned record is written, and from the store's
 // answer itself: with the loop blocked, the answer still comes, with the
 // store's JSON of the cleaned record.
 func TestWaitAnsweredOnceDurableWithoutTheLoop(t *testing.T) {
-	st := &cleanedHeldStore{Store: store.NewMemory(), release: make(chan struct{}), asked: make(chan string, 1)}
-	tr := newTestReactor(t, func(c *Config) { c.Store = st })
-	var releaseOnce sync.Once
-	release := func() { releaseOnce.Do(func() { close(st.release) }) }
-	t.Cleanup(release) // before the reactor's shutdown: cleanups run last first
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rec, err := tr.Start(ctx, root, api.StartParams{Cwd: "/", Argv: []string{"sleep", "60"}})
-	if err != nil || rec.State != api.StateRunning {
-		t.Fatalf("Start = %v, %v", rec.State, err)
-	}
+	tr, st, rec := startHeld(ctx, t, api.StateCleaned)
 	type answer struct {
 		rec api.Record
 		js  json.RawMessage
@@ -89,7 +61,7 @@ func TestWaitAnsweredOnceDurableWithoutTheLoop(t *testing.T) {
 	t.Cleanup(letGo)
 	tr.post(func() { close(blocked); <-unblock })
 	<-blocked
-	release()
+	st.Release()
 	var a answer
 	select {
 	case a = <-waited:
