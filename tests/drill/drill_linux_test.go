@@ -219,23 +219,32 @@ func (h *hostEnv) goroutineDump(run string) string {
 	if err != nil {
 		return fmt.Sprintf("no goroutine dump: %v", err)
 	}
-	return "the daemon's goroutines running corral code at the end:\n" + corralGoroutines(string(b), 12000)
+	return "the daemon's goroutines at the end, corral's first:\n" + corralGoroutines(string(b), 24000)
 }
 
-// corralGoroutines picks, from a Go runtime's goroutine dump in log, the
-// goroutines whose stack has a frame of package corral, each as its header
-// and its first frames, at most max bytes in all.
+// corralGoroutines quotes the goroutines of a Go runtime's goroutine dump
+// in log, those whose stack has a frame of package corral first, then the
+// others (a leftover may be a library's: database/sql, net/http), each as
+// its header and its first frames, at most max bytes in all.
 func corralGoroutines(log string, max int) string {
-	var out strings.Builder
+	var ours, others []string
 	for _, block := range strings.Split(log, "\n\n") {
-		if !strings.HasPrefix(block, "goroutine ") || !strings.Contains(block, "corral-dev/corral/") {
+		if !strings.HasPrefix(block, "goroutine ") {
 			continue
 		}
 		lines := strings.Split(block, "\n")
-		if len(lines) > 13 {
-			lines = append(lines[:13], "\t...")
+		if len(lines) > 9 {
+			lines = append(lines[:9], "\t...")
 		}
 		b := strings.Join(lines, "\n") + "\n"
+		if strings.Contains(block, "corral-dev/corral/") {
+			ours = append(ours, b)
+		} else {
+			others = append(others, b)
+		}
+	}
+	var out strings.Builder
+	for _, b := range append(ours, others...) {
 		if out.Len()+len(b) > max {
 			out.WriteString("(more left out)\n")
 			break
