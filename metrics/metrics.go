@@ -1,6 +1,7 @@
 // Package metrics exports corrald's Prometheus metrics: counters and
 // histograms fed by a reactor.Observer, served at /metrics in the text
-// exposition format by Serve.
+// exposition format by Serve, and beside them the daemon's goroutine
+// profile at /debug/pprof/goroutine.
 //
 // Labels are of bounded cardinality only (an outcome, a phase, a stream),
 // never an id, an owner or an argv. The Observer methods run on the
@@ -15,6 +16,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"strconv"
 	"strings"
 	"time"
 
@@ -229,6 +232,7 @@ type Server struct {
 func Serve(ln net.Listener, m *Metrics, log zerolog.Logger) *Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
+	mux.HandleFunc("GET /debug/pprof/goroutine", serveGoroutines)
 	s := &Server{
 		srv:  &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute},
 		done: make(chan struct{}),
@@ -240,6 +244,36 @@ func Serve(ln net.Listener, m *Metrics, log zerolog.Logger) *Server {
 		}
 	}()
 	return s
+}
+
+// serveGoroutines writes the goroutine profile, as net/http/pprof's
+// /debug/pprof/goroutine does (without importing it: it registers on
+// http.DefaultServeMux): ?debug=0 (the default) for go tool pprof, 1
+// counts by stack, 2 every goroutine's stack with its id, as a crash dump
+// shows them. Unlike go_goroutines, a number sampled inside a scrape among
+// a varying count of the registry's own collecting goroutines, the profile
+// is taken with the world stopped and this request runs the same two
+// goroutines each time (its connection's and its background reader), so
+// two profiles of an idle daemon list the same goroutines.
+func serveGoroutines(w http.ResponseWriter, r *http.Request) {
+	debug := 0
+	if v := r.FormValue("debug"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 2 {
+			http.Error(w, "debug: want 0, 1 or 2", http.StatusBadRequest)
+			return
+		}
+		debug = n
+	}
+	if debug == 0 {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Disposition", `attachment; filename="goroutine"`)
+	} else {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	}
+	if err := pprof.Lookup("goroutine").WriteTo(w, debug); err != nil {
+		http.Error(w, fmt.Sprintf("goroutine profile: %v", err), http.StatusInternalServerError)
+	}
 }
 
 // Close stops the server and waits for it.

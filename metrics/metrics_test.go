@@ -1,10 +1,16 @@
 package metrics
 
 import (
+	"context"
+	"io"
+	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/reactor"
@@ -102,5 +108,48 @@ func TestFamilies(t *testing.T) {
 	}
 	if _, ok := got["go_goroutines"]; !ok {
 		t.Error("no Go runtime collector")
+	}
+}
+
+// TestGoroutineProfile: /debug/pprof/goroutine serves the goroutine
+// profile in the three forms net/http/pprof does (the server's own
+// goroutine in it), and refuses any other form.
+func TestGoroutineProfile(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "m.sock")
+	ln, err := Listen("unix:" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := Serve(ln, New(Options{}), zerolog.Nop())
+	defer srv.Close()
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}
+	defer tr.CloseIdleConnections()
+	get := func(query string) (int, string) {
+		t.Helper()
+		resp, err := (&http.Client{Transport: tr}).Get("http://corrald/debug/pprof/goroutine" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("?debug=2"); code != http.StatusOK || !strings.HasPrefix(body, "goroutine ") || !strings.Contains(body, "corral/metrics.Serve") {
+		t.Errorf("?debug=2: %d %.300q, want every goroutine's stack, the metrics server's among them", code, body)
+	}
+	if code, body := get("?debug=1"); code != http.StatusOK || !strings.HasPrefix(body, "goroutine profile: total ") {
+		t.Errorf("?debug=1: %d %.300q, want the counts by stack", code, body)
+	}
+	if code, body := get(""); code != http.StatusOK || !strings.HasPrefix(body, "\x1f\x8b") {
+		t.Errorf("no debug: %d %.30q, want the gzipped protobuf profile go tool pprof reads", code, body)
+	}
+	if code, _ := get("?debug=3"); code != http.StatusBadRequest {
+		t.Errorf("?debug=3: %d, want 400", code)
 	}
 }

@@ -63,7 +63,10 @@ type hostEnv struct {
 	// metrics is the daemon's --metrics-listen socket ("" when the daemon
 	// has none); goBase its goroutines when idle.
 	metrics string
-	goBase  int
+	goBase  Goroutines
+	// leftWait is how long leftovers waits for what is left to go (0:
+	// 15s).
+	leftWait time.Duration
 }
 
 func newHostEnv(t *testing.T, stateDir string, args ...string) *hostEnv {
@@ -133,11 +136,11 @@ func (h *hostEnv) settle(ctx context.Context) {
 	// connection the client closed asynchronously, so a count right after
 	// PoolIdle's connection may include them (leftovers does the same).
 	if h.metrics != "" {
-		n, err := Goroutines(ctx, h.metrics)
+		g, err := DaemonGoroutines(ctx, h.metrics)
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		h.goBase = n
+		h.goBase = g
 	}
 	h.poolBase = PoolIdle(ctx, h.socket)
 }
@@ -147,7 +150,11 @@ func (h *hostEnv) settle(ctx context.Context) {
 // daemon fds above the baseline. It waits up to 15s for them to go.
 func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 	return func(ctx context.Context) []string {
-		deadline := time.Now().Add(15 * time.Second)
+		wait := h.leftWait
+		if wait == 0 {
+			wait = 15 * time.Second
+		}
+		deadline := time.Now().Add(wait)
 		for {
 			var left []string
 			// The goroutines first: the previous round's PoolIdle
@@ -155,9 +162,10 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 			// just now may still be ending in the daemon (its
 			// goroutines counted: TestCheckerCatchesWhatIsWrong failed
 			// so in .ci/run at 97a4785, 21 against 20 for 15 s).
-			goroutines, goErr := -1, error(nil)
+			var goroutines Goroutines
+			var goErr error
 			if h.metrics != "" {
-				goroutines, goErr = Goroutines(ctx, h.metrics)
+				goroutines, goErr = DaemonGoroutines(ctx, h.metrics)
 			}
 			for _, name := range testd.CgroupChildren(h.base) {
 				if !strings.HasPrefix(name, "pool-") {
@@ -172,20 +180,17 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 			if more := FDsAbove(h.d.Pid(), h.fdBaseList, filepath.Join(h.state, store.FileName), PoolIdle(ctx, h.socket)-h.poolBase); more != "" {
 				left = append(left, more)
 			}
-			goLeft := -1
 			if h.metrics != "" {
 				// Connections and followers of the load end asynchronously.
 				if goErr != nil {
 					left = append(left, goErr.Error())
-				} else if goroutines > h.goBase {
-					goLeft = len(left)
-					left = append(left, fmt.Sprintf("daemon runs %d goroutines, %d before the load", goroutines, h.goBase))
+				} else if len(goroutines) > len(h.goBase) {
+					left = append(left, fmt.Sprintf("daemon runs %d goroutines, %d before the load; by the function each started in:\n%s",
+						len(goroutines), len(h.goBase), goroutines.More(h.goBase)))
 				}
 			}
 			if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-				if goLeft >= 0 {
-					left[goLeft] += " (" + h.goroutineDump(run) + ")"
-				} else if len(left) > 0 {
+				if len(left) > 0 {
 					left[0] += " (" + h.keepLog(run) + ")"
 				}
 				return left
@@ -193,68 +198,6 @@ func (h *hostEnv) leftovers(run string) func(ctx context.Context) []string {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-}
-
-// goroutineDump ends the daemon with SIGQUIT, so that the Go runtime
-// writes every goroutine's stack to its log, and keeps that log (keepLog):
-// what a goroutine left behind is, for whoever reads the report. The
-// phase's checks are done by then; the daemon is not used again.
-//
-// Without -drill.report (as in make test) the goroutines whose stacks
-// run corral's own code are quoted in the message instead, so that a
-// failure in CI says which one was left.
-func (h *hostEnv) goroutineDump(run string) string {
-	if err := h.d.Signal(syscall.SIGQUIT); err != nil {
-		return fmt.Sprintf("no goroutine dump: %v", err)
-	}
-	select {
-	case <-h.d.Done():
-	case <-time.After(10 * time.Second):
-		return "no goroutine dump: the daemon did not exit on SIGQUIT"
-	}
-	if *flagReport != "" {
-		return "goroutine dump in " + h.keepLog(run)
-	}
-	b, err := os.ReadFile(h.d.LogPath)
-	if err != nil {
-		return fmt.Sprintf("no goroutine dump: %v", err)
-	}
-	return "the daemon's goroutines at the end, corral's first:\n" + corralGoroutines(string(b), 24000)
-}
-
-// corralGoroutines quotes the goroutines of a Go runtime's goroutine dump
-// in log, those whose stack has a frame of package corral first, then the
-// others (a leftover may be a library's: database/sql, net/http), each as
-// its header and its first frames, at most max bytes in all.
-func corralGoroutines(log string, max int) string {
-	var ours, others []string
-	for _, block := range strings.Split(log, "\n\n") {
-		if !strings.HasPrefix(block, "goroutine ") {
-			continue
-		}
-		lines := strings.Split(block, "\n")
-		if len(lines) > 9 {
-			lines = append(lines[:9], "\t...")
-		}
-		b := strings.Join(lines, "\n") + "\n"
-		if strings.Contains(block, "corral-dev/corral/") {
-			ours = append(ours, b)
-		} else {
-			others = append(others, b)
-		}
-	}
-	var out strings.Builder
-	for _, b := range append(ours, others...) {
-		if out.Len()+len(b) > max {
-			out.WriteString("(more left out)\n")
-			break
-		}
-		out.WriteString(b)
-	}
-	if out.Len() == 0 {
-		return "(none found in the log)"
-	}
-	return out.String()
 }
 
 // keepLog copies the daemon's log (in the test's temporary directory,

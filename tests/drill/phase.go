@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,37 +171,6 @@ func FDsAbove(pid int, base map[string]int, dbPrefix string, poolExtra int) stri
 		return ""
 	}
 	return fmt.Sprintf("daemon holds %d fds (%d of the store; %d more waiting pool shims than before, allowed); more than before the load: %s", n, db, max(poolExtra, 0), strings.Join(more, ", "))
-}
-
-// Goroutines scrapes go_goroutines from the daemon's Prometheus endpoint
-// on the unix socket sock (corrald --metrics-listen unix:PATH).
-func Goroutines(ctx context.Context, sock string) (int, error) {
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}
-	defer tr.CloseIdleConnections()
-	cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://corrald/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := cl.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("scrape metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("scrape metrics: %w", err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "go_goroutines "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return int(f), err
-		}
-	}
-	return 0, fmt.Errorf("scrape metrics: no go_goroutines")
 }
 
 // SupportsMetrics reports whether the corrald binary knows --metrics-listen.

@@ -61,8 +61,8 @@ type env struct {
 	t        *testing.T
 	run      string
 	fdBase   map[string]int
-	poolBase int // waiting pool shims at the baseline
-	goBase   int // -1: the daemon has no metrics endpoint
+	poolBase int              // waiting pool shims at the baseline
+	goBase   drill.Goroutines // nil: the daemon has no metrics endpoint
 }
 
 func (e *env) settle(ctx context.Context) {
@@ -82,13 +82,13 @@ func (e *env) settle(ctx context.Context) {
 	e.fdBase = drill.FDList(mainPID(e.t))
 	// Goroutines before PoolIdle: a connection the client closed ends in
 	// the daemon asynchronously (see leftovers).
-	e.goBase = -1
+	e.goBase = nil
 	if _, err := os.Stat(metricsSock); err == nil {
-		n, err := drill.Goroutines(ctx, metricsSock)
+		g, err := drill.DaemonGoroutines(ctx, metricsSock)
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		e.goBase = n
+		e.goBase = g
 	}
 	e.poolBase = drill.PoolIdle(ctx, socket)
 }
@@ -102,9 +102,10 @@ func (e *env) leftovers(ctx context.Context) []string {
 		// The goroutines first, as tests/drill's leftovers: PoolIdle's
 		// connection (below) of the round before has ended by now, one
 		// closed just now may still be ending in the daemon.
-		goroutines, goErr := -1, error(nil)
-		if e.goBase >= 0 {
-			goroutines, goErr = drill.Goroutines(ctx, metricsSock)
+		var goroutines drill.Goroutines
+		var goErr error
+		if e.goBase != nil {
+			goroutines, goErr = drill.DaemonGoroutines(ctx, metricsSock)
 		}
 		out, _ := exec.Command("systemctl", "list-units", "--all", "--plain", "--no-legend", "corral-*.scope").Output()
 		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -124,11 +125,12 @@ func (e *env) leftovers(ctx context.Context) []string {
 				left = append(left, more)
 			}
 		}
-		if e.goBase >= 0 {
+		if e.goBase != nil {
 			if goErr != nil {
 				left = append(left, goErr.Error())
-			} else if goroutines > e.goBase {
-				left = append(left, fmt.Sprintf("daemon runs %d goroutines, %d before the load", goroutines, e.goBase))
+			} else if len(goroutines) > len(e.goBase) {
+				left = append(left, fmt.Sprintf("daemon runs %d goroutines, %d before the load; by the function each started in:\n%s",
+					len(goroutines), len(e.goBase), goroutines.More(e.goBase)))
 			}
 		}
 		if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
