@@ -66,6 +66,15 @@ func TestBenchSuite(t *testing.T) {
 		obsN = 30
 		handoverN, adoptN, adoptRound = 3, 50, 1
 	}
+	// CORRAL_BENCH_SAMPLES=N sets the samples per side of (a) and (b), for
+	// runs that need a p99 settled by more than 300 and 100 samples.
+	if v := os.Getenv("CORRAL_BENCH_SAMPLES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("CORRAL_BENCH_SAMPLES=%q: want a count of samples", v)
+		}
+		latencyN, notifyN = n, n
+	}
 	start := time.Now()
 	s := &suite{t: t, bin: buildCorrald(t)}
 	s.header()

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,6 +39,7 @@ const pollEvery = 100 * time.Millisecond
 // record (same host clock as the client's).
 type phases struct {
 	toCreated, toStarted, toExited, toCleaned, toAnswer durations
+	total                                               durations // the whole start+wait of each sample, in the same order
 }
 
 // phaseNames names the phases in the order of phases.list.
@@ -66,6 +69,7 @@ func (p *phases) add(t0, answered time.Time, rec api.Record) {
 	p.toExited = append(p.toExited, rec.ExitedAt.Sub(*rec.StartedAt))
 	p.toCleaned = append(p.toCleaned, rec.CleanedAt.Sub(*rec.ExitedAt))
 	p.toAnswer = append(p.toAnswer, answered.Sub(*rec.CleanedAt))
+	p.total = append(p.total, answered.Sub(t0))
 }
 
 // runWait is one /bin/true through corrald: exec.start, then exec.wait until
@@ -348,6 +352,56 @@ func (s *suite) benchExecLatency(t *testing.T) {
 	}
 	fmt.Fprintf(&s.out, "| cgroup --pool-size 0, following | exited_at → the exec.state exited notification at the client (stored, announced, received) | %s | %s |\n",
 		ms(f0Told.pct(.5)), ms(f0Told.pct(.99)))
+	s.slowTable("the (a) start+wait of cgroup --pool-size 4 (the p99 target's side)", ph4.total, ph4.list(), phaseNames)
+	s.slowTable("the (a) start+wait of cgroup --pool-size 0 --store memory", phMem.total, phMem.list(), phaseNames)
+}
+
+// notifyParts names the two parts of a (b) sample, split at its exited_at
+// stamp.
+var notifyParts = []string{
+	"T0 → exited_at (the exit seen by the loop)",
+	"exited_at → client (stored, announced, received)",
+}
+
+// slowFrac is the share of samples slowTable calls the slow ones: at 300
+// samples the 15 slowest, which hold the p99.
+const slowFrac = 0.05
+
+// slowTable shows where the time of the slowest samples of one side goes:
+// for each part (parts[i][k] is part i of sample k, total[k] the whole
+// sample), its mean over the slowest slowFrac of the samples by total against
+// its p50 over all of them. A p99 is made of these samples, so the part whose
+// mean is far above its p50 there is where the tail comes from.
+func (s *suite) slowTable(side string, total durations, parts []durations, names []string) {
+	n := len(total)
+	for _, p := range parts {
+		if len(p) != n {
+			return // a part was not recorded for every sample: no pairing
+		}
+	}
+	k := int(math.Ceil(slowFrac * float64(n)))
+	if n == 0 || k == 0 {
+		return
+	}
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool { return total[idx[a]] > total[idx[b]] })
+	slow := idx[:k]
+	mean := func(d durations) time.Duration {
+		var sum time.Duration
+		for _, i := range slow {
+			sum += d[i]
+		}
+		return sum / time.Duration(k)
+	}
+	fmt.Fprintf(&s.out, "\nWhere the slowest %d of %d samples of %s have their time (mean over those samples against the p50 of all; the parts add up to the whole):\n\n", k, n, side)
+	fmt.Fprintf(&s.out, "| part | p50 of all, ms | mean of the slowest %d, ms | excess, ms |\n|---|---|---|---|\n", k)
+	fmt.Fprintf(&s.out, "| whole sample | %s | %s | %s |\n", ms(total.pct(.5)), ms(mean(total)), ms(mean(total)-total.pct(.5)))
+	for i, p := range parts {
+		fmt.Fprintf(&s.out, "| %s | %s | %s | %s |\n", names[i], ms(p.pct(.5)), ms(mean(p)), ms(mean(p)-p.pct(.5)))
+	}
 }
 
 // waitBlocked waits until pid runs comm and is sleeping (state S), so that
@@ -559,6 +613,8 @@ func (s *suite) benchExitNotify(t *testing.T) {
 	fmt.Fprintf(&s.out, "\nFrom the exited_at stamp to the notification at the client (transition stored, record encoded and sent, client decodes): "+
 		"p50 %s ms, p99 %s ms with sync normal; p50 %s ms, p99 %s ms with sync full; p50 %s ms, p99 %s ms with no store (--store memory). The polling baseline's T0 is at a random phase of its %s period.\n",
 		ms(nmSend.pct(.5)), ms(nmSend.pct(.99)), ms(fuSend.pct(.5)), ms(fuSend.pct(.99)), ms(meSend.pct(.5)), ms(meSend.pct(.99)), pollEvery)
+	s.slowTable("(b) sync normal", normal, []durations{nmStamp, nmSend}, notifyParts)
+	s.slowTable("(b) --store memory", mem, []durations{meStamp, meSend}, notifyParts)
 	floor := fmt.Sprintf("wait4 floor p50 %s, p99 %s ms; the bound, %s: p50 %s, p99 %s ms, p99 − floor p99 %s ms (%.0f%% of the 0.5 ms)",
 		ms(waited.pct(.5)), ms(waited.pct(.99)), loopAlone, ms(hop.pct(.5)), ms(hop.pct(.99)), ms(hop.pct(.99)-waited.pct(.99)),
 		100*float64(hop.pct(.99)-waited.pct(.99))/float64(500*time.Microsecond))
