@@ -94,6 +94,8 @@ type SQLite struct {
 	ckptDone          chan struct{}
 	walFrames         atomic.Int64 // the WAL's frames at the checkpointer's last look
 	walLimit          int64        // walLimit; set before the first write
+	ckptFrames        int64        // ckptFrames; set before the first write
+	ckptLooks         atomic.Int64 // rounds of the checkpointer (tests wait for them)
 	forcedCheckpoints atomic.Int64
 }
 
@@ -148,17 +150,18 @@ func OpenOptions(dir string, log zerolog.Logger, o Options) (*SQLite, error) {
 	f.Close()
 
 	s := &SQLite{
-		lock:     lock,
-		path:     path,
-		log:      log,
-		maxBatch: o.MaxBatch,
-		wake:     make(chan struct{}, 1),
-		pending:  make(map[string]*transitionOp),
-		ckptWake: make(chan struct{}, 1),
-		walLimit: walLimit,
-		ckptStop: make(chan struct{}),
-		ckptDone: make(chan struct{}),
-		stopped:  make(chan struct{}),
+		lock:       lock,
+		path:       path,
+		log:        log,
+		maxBatch:   o.MaxBatch,
+		wake:       make(chan struct{}, 1),
+		pending:    make(map[string]*transitionOp),
+		ckptWake:   make(chan struct{}, 1),
+		walLimit:   walLimit,
+		ckptFrames: ckptFrames,
+		ckptStop:   make(chan struct{}),
+		ckptDone:   make(chan struct{}),
+		stopped:    make(chan struct{}),
 	}
 	if err := s.open(o); err != nil {
 		s.closeDBs()
