@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -178,10 +179,30 @@ func (l *Loop) Run(ctx context.Context) error {
 // Stop makes Run return after the current round. Loop goroutine only.
 func (l *Loop) Stop() { l.stop = true }
 
+// beforeWait, when set (tests only, before the loop runs), is called
+// right before a wait that may block, after the yield.
+var beforeWait func()
+
+// poll runs the due timers, waits for events and handles them.
+//
+// Before a wait that may block it yields its thread (runtime.Gosched) to
+// the goroutines the round just made runnable: a store write queued, an
+// answer sent on a channel, a goroutine started for work off the loop. The
+// Go runtime puts such a goroutine next in line on the loop's own P, and
+// epoll_wait is a plain system call, during which that P is not given to
+// another thread until sysmon takes it back (20 µs at best, up to 10 ms
+// when sysmon has backed off), so without the yield the follow-up of the
+// loop's own work waited for that while a core may be idle.
 func (l *Loop) poll() error {
 	timeout := l.runTimers()
 	if l.stop {
 		return nil
+	}
+	if timeout != 0 {
+		runtime.Gosched()
+		if beforeWait != nil {
+			beforeWait()
+		}
 	}
 	n, err := unix.EpollWait(l.epfd, l.events, timeout)
 	if err != nil {

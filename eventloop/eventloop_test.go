@@ -2,7 +2,9 @@ package eventloop
 
 import (
 	"context"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,5 +190,44 @@ func TestPostAfterCloseFails(t *testing.T) {
 	l.Close()
 	if err := l.Post(func() {}); err != ErrClosed {
 		t.Errorf("Post after Close = %v, want ErrClosed", err)
+	}
+}
+
+// A goroutine that a round of the loop made runnable runs before the loop
+// blocks in epoll_wait again, even with one P: the loop yields its thread
+// first. Without the yield the goroutine waits on the loop's P until sysmon
+// takes it back from the system call.
+func TestReadiedGoroutineRunsBeforeTheLoopBlocks(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var (
+		ran     atomic.Bool
+		armed   atomic.Bool
+		atWait  = make(chan bool, 1)
+		started = make(chan struct{})
+	)
+	beforeWait = func() {
+		if armed.CompareAndSwap(true, false) {
+			atWait <- ran.Load()
+		}
+	}
+	defer func() { beforeWait = nil }()
+	l, cancel := runLoop(t)
+	defer cancel()
+	do(t, l, func() {}) // the loop is running
+	if err := l.Post(func() {
+		go func() { ran.Store(true) }()
+		armed.Store(true)
+		close(started)
+	}); err != nil {
+		t.Fatalf("Post() = %v", err)
+	}
+	<-started
+	select {
+	case r := <-atWait:
+		if !r {
+			t.Errorf("the loop went back to epoll_wait before the goroutine its round started had run")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the loop did not wait again within 5 s")
 	}
 }
