@@ -342,6 +342,28 @@ func (s *systemdScope) Empty() (bool, error) {
 	return empty, nil
 }
 
+var _ ExitStatser = (*systemdScope)(nil)
+
+// ExitStats is Empty and Stats in one reading of the counters, emptiness
+// first (an empty scope's counters are final, and are kept for when
+// systemd prunes the cgroup): at the main process's exit the reactor needs
+// both, and Empty of a scope first seen empty would read every counter
+// again, on the loop (on a hybrid host about nine files). Where the
+// emptiness cannot be read, empty is false (the caller asks Empty again,
+// which says why).
+func (s *systemdScope) ExitStats() (Stats, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	empty := true // as Empty: nothing is in a unit not running
+	if s.state == unitRunning {
+		var err error
+		if empty, err = s.paths.empty(); err != nil {
+			empty = false
+		}
+	}
+	return s.statsLocked(), empty, nil
+}
+
 // Stats reads the scope's cgroup files. Once systemd has pruned the cgroup
 // (the unit stops when it empties), the last reading is returned, with
 // Tasks 0.
@@ -390,8 +412,9 @@ func (s *systemdScope) Remove() error {
 			return nil
 		}
 		if s.paths.Unified != "" {
+			// The counters' last reading was taken when the scope
+			// was first read empty (ExitStats, Empty).
 			if empty, err := s.paths.empty(); err == nil && empty && s.b.startUnload() {
-				s.statsLocked() // the last reading while the cgroup is there
 				s.unloading = true
 				s.mu.Unlock()
 				go s.unload()
