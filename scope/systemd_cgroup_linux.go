@@ -180,11 +180,24 @@ func (p unitCgroups) empty() (bool, error) {
 // stats reads what the kernel keeps for the scope: the unified directory's
 // counters, and for each the v1 hierarchy's where the unified one has none
 // (no such controller on a hybrid host). Fields it cannot read are Unknown.
-func (p unitCgroups) stats() Stats {
+func (p unitCgroups) stats() Stats { return p.statsOf(false) }
+
+// statsOf is stats; with empty (the scope was just read unpopulated) the
+// task count is 0 without reading it (pids.current). The unified
+// hierarchy's memory and pids files are read only where no v1 hierarchy
+// holds that controller (a controller is in one hierarchy at a time): on a
+// hybrid host they do not exist, and each reading tried four opens that
+// failed.
+func (p unitCgroups) statsOf(empty bool) Stats {
 	st := unknownStats()
 	if p.Unified != "" {
-		if cs, err := cgroupv2.Dir(p.Unified).Stats(); err == nil {
+		d := cgroupv2.Dir(p.Unified)
+		unifiedPids := p.Pids == ""
+		if cs, err := d.StatsOf(p.Memory == "", unifiedPids && !empty); err == nil {
 			st = Stats(cs)
+			if empty && unifiedPids {
+				st.TasksPeak = d.Count("pids.peak")
+			}
 		}
 	}
 	if st.CPUUsageNS == Unknown && p.CPUAcct != "" {
@@ -203,8 +216,13 @@ func (p unitCgroups) stats() Stats {
 		}
 	}
 	if st.Tasks == Unknown && p.Pids != "" {
-		st.Tasks = v1Count(p.Pids, "pids.current")
+		if !empty {
+			st.Tasks = v1Count(p.Pids, "pids.current")
+		}
 		st.TasksPeak = v1Count(p.Pids, "pids.peak") // Linux 6.13+ on v1 too
+	}
+	if empty {
+		st.Tasks = 0
 	}
 	return st
 }

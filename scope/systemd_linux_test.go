@@ -154,6 +154,51 @@ func TestUnitCgroupsStatsHybrid(t *testing.T) {
 	}
 }
 
+// The counters of a scope just read empty (ExitStats, Empty) count no task
+// without reading a task count, and on a hybrid host the memory and pids
+// counters come from the v1 hierarchies that hold those controllers, not
+// from files of the unified one.
+func TestUnitCgroupsStatsOfEmpty(t *testing.T) {
+	v2 := filepath.Join(t.TempDir(), "corral-x.scope")
+	writeFiles(t, v2, map[string]string{
+		"cpu.stat":      "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
+		"memory.peak":   "4096\n",
+		"memory.events": "oom_kill 0\n",
+		"pids.current":  "3\n", // stale: the test's; the kernel's would say 0
+		"pids.peak":     "7\n",
+	})
+	p := unitCgroups{Unified: v2}
+	want := Stats{CPUUsageNS: 1500000, CPUUserNS: 1000000, CPUSystemNS: 500000, MemoryPeak: 4096, TasksPeak: 7, Tasks: 0, OOMKills: 0}
+	if got := p.statsOf(true); got != want {
+		t.Errorf("v2 statsOf(empty) = %+v, want %+v", got, want)
+	}
+	if got := p.statsOf(false); got.Tasks != 3 {
+		t.Errorf("v2 statsOf(not empty).Tasks = %d, want 3", got.Tasks)
+	}
+
+	root := t.TempDir()
+	h := unitCgroups{
+		Unified: filepath.Join(root, "unified", "s"),
+		Memory:  filepath.Join(root, "memory", "s"),
+		Pids:    filepath.Join(root, "pids", "s"),
+	}
+	writeFiles(t, h.Unified, map[string]string{
+		"cpu.stat":    "usage_usec 2\nuser_usec 1\nsystem_usec 1\n",
+		"memory.peak": "99999\n", // not the scope's: memory is a v1 controller here
+		"pids.peak":   "99\n",
+	})
+	writeFiles(t, h.Memory, map[string]string{"memory.max_usage_in_bytes": "8192\n", "memory.oom_control": "oom_kill 1\n"})
+	writeFiles(t, h.Pids, map[string]string{"pids.current": "4\n", "pids.peak": "6\n"})
+	want = Stats{CPUUsageNS: 2000, CPUUserNS: 1000, CPUSystemNS: 1000, MemoryPeak: 8192, TasksPeak: 6, Tasks: 0, OOMKills: 1}
+	if got := h.statsOf(true); got != want {
+		t.Errorf("hybrid statsOf(empty) = %+v, want %+v", got, want)
+	}
+	want.Tasks = 4
+	if got := h.statsOf(false); got != want {
+		t.Errorf("hybrid statsOf(not empty) = %+v, want %+v", got, want)
+	}
+}
+
 func TestUnitCgroupsEmptyLegacy(t *testing.T) {
 	root := t.TempDir()
 	p := unitCgroups{Systemd: filepath.Join(root, "s")}

@@ -337,7 +337,7 @@ func (s *systemdScope) Empty() (bool, error) {
 		return false, fmt.Errorf("scope %s: %w", s.unit, err)
 	}
 	if empty {
-		s.statsLocked()
+		s.readStatsOfLocked(true)
 	}
 	return empty, nil
 }
@@ -361,7 +361,8 @@ func (s *systemdScope) ExitStats() (Stats, bool, error) {
 			empty = false
 		}
 	}
-	return s.statsLocked(), empty, nil
+	s.readStatsOfLocked(empty)
+	return s.last, empty, nil
 }
 
 // Stats reads the scope's cgroup files. Once systemd has pruned the cgroup

@@ -310,12 +310,16 @@ func (s *systemdScope) refreshStats() bool {
 
 // readStatsLocked merges a fresh reading into s.last (s.mu held). It reads
 // as soon as the unit has paths, also while Started is finishing.
-func (s *systemdScope) readStatsLocked() {
+func (s *systemdScope) readStatsLocked() { s.readStatsOfLocked(false) }
+
+// readStatsOfLocked is readStatsLocked; with empty (the scope was just read
+// unpopulated) it counts no tasks: an empty cgroup has none, gone or not.
+func (s *systemdScope) readStatsOfLocked(empty bool) {
 	if s.state != unitRunning && s.state != unitStarting {
 		return
 	}
-	now := s.paths.stats()
-	gone := !s.paths.exists()
+	now := s.paths.statsOf(empty)
+	gone := empty || !s.paths.exists()
 	s.last = mergeStats(s.last, now, gone)
 	if s.oom != nil {
 		// No wait: an ambiguous count is settled by runOOM (v1OOM).
