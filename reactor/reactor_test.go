@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -752,8 +753,12 @@ func TestWorkspaceForUnprivilegedUser(t *testing.T) {
 func TestWorkspaceGoneAndReleased(t *testing.T) {
 	state := t.TempDir()
 	tr := newTestReactor(t, func(c *Config) { c.StateDir = state })
-	for i := 0; i < 3; i++ {
-		rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "mkdir d; echo x > d/f; echo y > f"}})
+	for i := 0; i < 4; i++ {
+		script := "mkdir d; echo x > d/f; echo y > f"
+		if i%2 == 1 {
+			script = "true" // an empty workspace: removed by its rmdir alone
+		}
+		rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", script}})
 		if rec.ExitCode == nil || *rec.ExitCode != 0 || rec.Workspace == nil {
 			t.Fatalf("run in a workspace: exit %v, workspace %v", rec.ExitCode, rec.Workspace)
 		}
@@ -1066,5 +1071,34 @@ func TestSigchldReapsAreSpaced(t *testing.T) {
 	}
 	if tr.reaper.sigReaps.Load() == n {
 		t.Errorf("orphan %d was reaped, but by no reap on SIGCHLD", pid)
+	}
+}
+
+// TestReadProcFile: readProcFile reads a /proc file whole, past its first
+// buffer, as os.ReadFile does.
+func TestReadProcFile(t *testing.T) {
+	for _, path := range []string{"/proc/self/status", "/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children"} {
+		got, err := readProcFile(path)
+		if err != nil {
+			t.Fatalf("readProcFile(%s): %v", path, err)
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// status changes between reads only in its counters: compare the lines' names.
+		names := func(b []byte) []string {
+			var n []string
+			for _, l := range strings.Split(string(b), "\n") {
+				n = append(n, strings.SplitN(l, ":", 2)[0])
+			}
+			return n
+		}
+		if !slices.Equal(names(got), names(want)) {
+			t.Errorf("readProcFile(%s) = %q, os.ReadFile %q", path, got, want)
+		}
+	}
+	if _, err := readProcFile("/proc/self/no-such-file"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("readProcFile of a missing file: %v, want not exist", err)
 	}
 }

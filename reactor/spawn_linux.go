@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 	"time"
 
@@ -539,10 +540,14 @@ func (r *Reactor) withoutSocketGroup(groups []uint32) []uint32 {
 // otherNetns reports whether process pid lives in another network
 // namespace than the daemon (a caller inside a network "none" execution).
 func otherNetns(pid int32) bool {
-	mine, err1 := os.Readlink("/proc/self/ns/net")
+	mine, err1 := selfNetns()
 	theirs, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
 	return err1 == nil && err2 == nil && mine != theirs
 }
+
+// selfNetns is the daemon's own network namespace, read once: corrald
+// never changes it (a shim enters a new one in its own process).
+var selfNetns = sync.OnceValues(func() (string, error) { return os.Readlink("/proc/self/ns/net") })
 
 // undoStart cleans up after a child that started but will not run the
 // command (it failed to exec): it kills and reaps the child, closes its

@@ -1,6 +1,8 @@
 package reactor
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -20,11 +22,16 @@ func WorkspaceDir(stateDir, id string) string { return filepath.Join(WorkspaceRo
 // makeWorkspace creates <stateDir>/work/<id>, mode 0700, owned by the run-as
 // user.
 func makeWorkspace(stateDir, id string, ra runAs) (string, error) {
-	if err := os.MkdirAll(WorkspaceRoot(stateDir), 0o711); err != nil {
-		return "", err
-	}
 	dir := WorkspaceDir(stateDir, id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	err := os.Mkdir(dir, 0o700)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The root is made on first use (and again should it go).
+		if err := os.MkdirAll(WorkspaceRoot(stateDir), 0o711); err != nil {
+			return "", err
+		}
+		err = os.Mkdir(dir, 0o700)
+	}
+	if err != nil {
 		return "", err
 	}
 	if err := os.Chown(dir, int(ra.uid), int(ra.gid)); err != nil {
@@ -58,7 +65,13 @@ func removeWorkspace(dir string) error {
 // once.
 func removeWorkspaceHeld(dir string) (release func(), err error) {
 	fd, oerr := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	err = os.RemoveAll(dir)
+	// Most workspaces are left empty: one rmdir (os.RemoveAll tries an
+	// unlink first), and os.RemoveAll for any that is not.
+	if err = unix.Rmdir(dir); err == unix.ENOENT {
+		err = nil
+	} else if err != nil {
+		err = os.RemoveAll(dir)
+	}
 	if oerr != nil {
 		return func() {}, err
 	}
