@@ -55,6 +55,16 @@ func TestObserverSeesLifecycle(t *testing.T) {
 	if outcome(rec) != api.OutcomeExited {
 		t.Fatalf("outcome = %s", outcome(rec))
 	}
+	// The cleaned record's commit is observed on the loop after its
+	// waiter was answered from the store's writer: wait for it, bounded.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		obs.mu.Lock()
+		n := obs.commits
+		obs.mu.Unlock()
+		if n >= 3 {
+			break
+		}
+	}
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
 	want := "new>started started>running running>exited exited>cleaned"
