@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
@@ -66,23 +65,6 @@ type systemdBackend struct {
 	// start: watcherErr).
 	watcher    *cgroupv2.Watcher
 	watcherErr error
-	// unloads counts the empty scopes whose unload by systemd Remove left
-	// to the background (systemdScope.unload); Close waits for them, and
-	// once it began (closing, under unloadMu) Remove starts no more.
-	unloads  sync.WaitGroup
-	unloadMu sync.Mutex
-	closing  bool
-}
-
-// startUnload counts one more background unload, unless Close began.
-func (b *systemdBackend) startUnload() bool {
-	b.unloadMu.Lock()
-	defer b.unloadMu.Unlock()
-	if b.closing {
-		return false
-	}
-	b.unloads.Add(1)
-	return true
 }
 
 var (
@@ -96,16 +78,10 @@ func (b *systemdBackend) Name() string { return "systemd" }
 // so the caller holds the child until then.
 func (b *systemdBackend) Placement() Placement { return PlaceHeld }
 
-// Close waits for the emptied scopes' unloads (see systemdScope.Remove)
-// and closes the D-Bus connection. Scopes already created keep running
+// Close closes the D-Bus connection. Scopes already created keep running
 // (their processes are killed through the cgroup still); later D-Bus calls
 // fail.
 func (b *systemdBackend) Close() error {
-	// Each unload is bounded by the bus's job timeout.
-	b.unloadMu.Lock()
-	b.closing = true
-	b.unloadMu.Unlock()
-	b.unloads.Wait()
 	b.bus.close()
 	if b.watcher != nil {
 		if err := b.watcher.Close(); err != nil {

@@ -53,9 +53,6 @@ type systemdScope struct {
 	// runningAt is when Started finished: systemd moved the child in, and
 	// the kernel announced "populated 1", before it (see selfStopped).
 	runningAt time.Time
-	// unloading: Remove found the running scope empty and left systemd's
-	// stop and unload of it to unload, in the background.
-	unloading bool
 	// removed is closed when systemd announces the unit unloaded
 	// (UnitRemoved); nil where the backend does not see the signal.
 	removed <-chan struct{}
@@ -379,21 +376,17 @@ func (s *systemdScope) statsLocked() Stats {
 	return s.last
 }
 
-// Remove ends with the scope's tree gone and its unit unloaded or certain
-// to be. Idempotent; call it once the scope is empty. It does not hold the
-// scope's lock while waiting for systemd.
+// Remove ends with the unit unloaded and its cgroups gone. Idempotent; call
+// it once the scope is empty. It does not hold the scope's lock while
+// waiting for systemd.
 //
 // systemd stops a scope by itself once its cgroup empties: it removes the
-// cgroup, then unloads the unit (CollectMode). So for a running scope whose
-// cgroup reads empty Remove returns at once and unload waits for that in
-// the background (selfStopped), asking for a stop job when systemd has not
-// stopped the scope within selfStopWait or the unit is still loaded; the
-// backend's Close waits for those. A scope that is not empty, or not known
-// to the kernel's unified hierarchy, is stopped and waited for here.
+// cgroup, then unloads the unit (CollectMode). So for an empty scope Remove
+// waits for that (selfStopped) and only checks that the unit is unloaded;
+// it asks for a stop job when the scope is not empty, when systemd has not
+// stopped it within selfStopWait, or when the unit is still loaded.
 // (Measured in the harness systemd: the cgroup is gone 0-7 ms after the
-// scope empties, while a StopUnit of the unloaded unit took 10-25 ms; and
-// docs/design.md, "Cleaned", says why an empty scope that systemd is
-// still to unload is removed as far as cleaned is concerned.)
+// scope empties, while a StopUnit of the unloaded unit took 10-25 ms.)
 func (s *systemdScope) Remove() error {
 	s.mu.Lock()
 	switch s.state {
@@ -407,26 +400,10 @@ func (s *systemdScope) Remove() error {
 	case unitStarting:
 		s.mu.Unlock()
 		return fmt.Errorf("remove scope %s: Started is still running", s.unit)
-	case unitRunning:
-		if s.unloading {
-			s.mu.Unlock()
-			return nil
-		}
-		if s.paths.Unified != "" {
-			// The counters' last reading was taken when the scope
-			// was first read empty (ExitStats, Empty).
-			if empty, err := s.paths.empty(); err == nil && empty && s.b.startUnload() {
-				s.unloading = true
-				s.mu.Unlock()
-				go s.unload()
-				return nil
-			}
-		}
 	}
 	s.mu.Unlock()
 
-	// Populated, failed (a failed start may have left the unit loaded), or
-	// without a unified hierarchy.
+	// Running or failed (a failed start may have left the unit loaded).
 	ctx, cancel := context.WithTimeout(context.Background(), s.b.bus.jobTimeout)
 	defer cancel()
 	if !s.selfStopped(ctx) {
@@ -434,34 +411,12 @@ func (s *systemdScope) Remove() error {
 			return fmt.Errorf("remove scope %s: %w", s.unit, err)
 		}
 	}
-	s.unloaded()
-	return nil
-}
-
-// unload waits, off Remove's caller, for systemd to stop and unload the
-// empty running scope, and stops it when systemd does not (see Remove). A
-// unit it cannot stop is logged; the next start's leftover sweep
-// (CleanLeftovers) stops it.
-func (s *systemdScope) unload() {
-	defer s.b.unloads.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), s.b.bus.jobTimeout)
-	defer cancel()
-	if !s.selfStopped(ctx) {
-		if err := s.b.bus.stopAndWait(ctx, s.unit); err != nil {
-			s.b.opts.Log.Warn().Err(err).Str("unit", s.unit).Msg("stop the emptied scope; left to the next start's leftover sweep")
-		}
-	}
-	s.unloaded()
-}
-
-// unloaded ends Remove and unload: it forgets the unit and stops its
-// watcher.
-func (s *systemdScope) unloaded() {
 	s.b.bus.removals.forget(s.unit)
 	s.mu.Lock()
 	s.statsLocked() // final reading: from the cache, the cgroup is gone now
 	s.mu.Unlock()
 	s.dropWatch(unitRemoved)
+	return nil
 }
 
 // dropWatch moves s to st (failed or removed) and stops its watcher, in the

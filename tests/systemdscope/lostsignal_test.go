@@ -86,7 +86,9 @@ func TestJobsCompleteWithoutJobRemovedSignal(t *testing.T) {
 		if err := c.sc.Remove(); err != nil {
 			t.Errorf("round %d: Remove: %v", i, err)
 		}
-		waitUnloaded(t, c.sc.Name(), 10*time.Second)
+		if got := unitProp(t, c.sc.Name(), "LoadState"); got != "not-found" {
+			t.Errorf("round %d: LoadState after Remove = %q, want not-found", i, got)
+		}
 	}
 	if h.dropped.Load() == 0 {
 		t.Fatal("no JobRemoved signal was dropped; the test proves nothing")

@@ -14,11 +14,11 @@ import (
 	"github.com/corral-dev/corral/tests/harness"
 )
 
-// The unload of a scope whose command exited (which Remove leaves to the
-// background) ends on systemd's UnitRemoved signal under the backend's own
-// dial (root, the private socket): the unit is unloaded and its cgroup
-// gone once Close has waited for it, and the backend never had to look for
-// the unit itself (its debug log would say "looking for the unit").
+// Remove of a scope whose command exited ends on systemd's UnitRemoved
+// signal under the backend's own dial (root, the private socket): the unit
+// is unloaded and its cgroup gone when Remove returns, and Remove never
+// had to look for the unit itself (its debug log would say "looking for
+// the unit").
 func TestRemoveEndsOnUnitRemoved(t *testing.T) {
 	harness.Require(t)
 	var logs syncBuffer
@@ -30,10 +30,6 @@ func TestRemoveEndsOnUnitRemoved(t *testing.T) {
 	}
 	t.Cleanup(func() { b.Close() })
 
-	var (
-		scs []scope.Scope
-		cgs []string
-	)
 	for i := range 5 {
 		id := uniqueID(t) + "-" + string(rune('a'+i))
 		c := startIn(t, b, id, scope.Limits{}, "sleep", "0.2")
@@ -48,22 +44,16 @@ func TestRemoveEndsOnUnitRemoved(t *testing.T) {
 		if err := c.sc.Remove(); err != nil {
 			t.Fatalf("Remove: %v", err)
 		}
-		scs = append(scs, c.sc)
-		cgs = append(cgs, cg)
-	}
-	b.Close() // waits for the unloads
-	for i, sc := range scs {
-		cg := cgs[i]
-		if st := unitProp(t, sc.Name(), "LoadState"); st != "not-found" {
-			t.Errorf("%s: LoadState %q once unloaded, want not-found", sc.Name(), st)
+		if st := unitProp(t, c.sc.Name(), "LoadState"); st != "not-found" {
+			t.Errorf("%s: LoadState %q after Remove, want not-found (unloaded)", c.sc.Name(), st)
 		}
 		if cg == "" {
-			t.Fatalf("%s: no ControlGroup", sc.Name())
+			t.Fatalf("%s: no ControlGroup", c.sc.Name())
 		}
 		// The unified hierarchy (pure v2 or hybrid) and name=systemd.
 		for _, root := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"} {
 			if _, err := os.Stat(filepath.Join(root, cg)); !os.IsNotExist(err) {
-				t.Errorf("%s: cgroup %s still there once unloaded (stat: %v)", sc.Name(), filepath.Join(root, cg), err)
+				t.Errorf("%s: cgroup %s still there after Remove (stat: %v)", c.sc.Name(), filepath.Join(root, cg), err)
 			}
 		}
 	}
