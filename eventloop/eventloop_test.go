@@ -210,7 +210,7 @@ func TestReadiedGoroutineRunsBeforeTheLoopBlocks(t *testing.T) {
 			atWait <- ran.Load()
 		}
 	}
-	defer func() { beforeWait = nil }()
+	t.Cleanup(func() { beforeWait = nil }) // after the loop stopped: cleanups run last first
 	l, cancel := runLoop(t)
 	defer cancel()
 	do(t, l, func() {}) // the loop is running
