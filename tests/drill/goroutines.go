@@ -1,6 +1,8 @@
 package drill
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -26,27 +28,9 @@ type Goroutines []string
 // scrapes of an idle daemon read 17 to 21 (at 1b6b218), so one baseline
 // read low failed every later count by one.
 func DaemonGoroutines(ctx context.Context, sock string) (Goroutines, error) {
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}
-	defer tr.CloseIdleConnections()
-	cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://corrald/debug/pprof/goroutine?debug=2", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := cl.Do(req)
+	b, err := metricsGet(ctx, sock, "/debug/pprof/goroutine?debug=2")
 	if err != nil {
 		return nil, fmt.Errorf("daemon goroutines: %w", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("daemon goroutines: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("daemon goroutines: %s: %.200s", resp.Status, b)
 	}
 	var g Goroutines
 	for _, st := range ParseGoroutines(string(b)) {
@@ -58,6 +42,48 @@ func DaemonGoroutines(ctx context.Context, sock string) (Goroutines, error) {
 		return nil, fmt.Errorf("daemon goroutines: no goroutine in %.200q", b)
 	}
 	return g, nil
+}
+
+// metricsGet reads path from the metrics endpoint on the unix socket sock
+// on a connection of its own and returns the body of a 200 answer once the
+// daemon has closed its end of that connection (the request asks for
+// Connection: close; the end of the answer is the daemon's close): its fd
+// is then no longer among the daemon's, and a count of them right after
+// (the leftover check) does not see the checker's own read. With an
+// http.Client the daemon still held it, closing it asynchronously after
+// the client had its answer.
+func metricsGet(ctx context.Context, sock, path string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	if _, err := fmt.Fprintf(nc, "GET %s HTTP/1.1\r\nHost: corrald\r\nConnection: close\r\n\r\n", path); err != nil {
+		return nil, err
+	}
+	all, err := io.ReadAll(nc) // to the daemon's close
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(all)), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %.200s", resp.Status, b)
+	}
+	return b, nil
 }
 
 // ParseGoroutines splits a traceback of every goroutine into stacks.

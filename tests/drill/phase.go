@@ -3,7 +3,10 @@ package drill
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +15,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
-	"github.com/corral-dev/corral/ipc"
 )
 
 // Fault is what one drill phase does to the daemon while the load runs.
@@ -125,19 +127,44 @@ var poolEntryFDs = map[string]int{"socket:": 1, "pipe:": 1, "anon_inode:": 2}
 // pool.idle; 0 without a pool, or when the daemon does not answer). The
 // pool grows with misses under load and steps back only after a quiet
 // while, so a check after the load allows its extra entries' fds.
+//
+// It returns once the daemon has closed its end of the connection it
+// asked on: it shuts down its own writing after the request and reads to
+// EOF, which comes when the daemon has answered and closed the socket. A
+// client that just closes returns while the daemon still holds the
+// connection (it ends it asynchronously), and the leftover check, which
+// counts the daemon's fds right after, counted it as one socket more than
+// before the load in most reads (TestCheckersOwnConnectionsNotCounted).
 func PoolIdle(ctx context.Context, socket string) int {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := ipc.DialContext(ictx, socket)
+	var d net.Dialer
+	c, err := d.DialContext(ictx, "unix", socket)
 	if err != nil {
 		return 0
 	}
 	defer c.Close()
-	info, err := c.Info(ictx)
-	if err != nil || info.Pool == nil {
+	nc := c.(*net.UnixConn)
+	if dl, ok := ictx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	if _, err := nc.Write([]byte(`{"jsonrpc":"2.0","id":1,"method":"daemon.info"}` + "\n")); err != nil {
 		return 0
 	}
-	return info.Pool.Idle
+	if err := nc.CloseWrite(); err != nil {
+		return 0
+	}
+	all, err := io.ReadAll(nc) // to the daemon's close
+	if err != nil {
+		return 0
+	}
+	var resp struct {
+		Result *api.Info `json:"result"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(all), &resp); err != nil || resp.Result == nil || resp.Result.Pool == nil {
+		return 0
+	}
+	return resp.Result.Pool.Idle
 }
 
 // FDsAbove says which of pid's fds are above the baseline, leaving out the
