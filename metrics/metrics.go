@@ -228,11 +228,17 @@ type Server struct {
 	done chan struct{}
 }
 
-// Serve serves m at /metrics on ln until Close.
+// Serve serves m at /metrics on ln until Close, and the goroutine
+// profile at /debug/pprof/goroutine when ln is a Unix socket: its file
+// mode and group say who may read the daemon's stacks (and stop its world
+// for ?debug=2), where a loopback TCP port is open to every local process,
+// the commands corral runs with the host's network among them.
 func Serve(ln net.Listener, m *Metrics, log zerolog.Logger) *Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
-	mux.HandleFunc("GET /debug/pprof/goroutine", serveGoroutines)
+	if ln.Addr().Network() == "unix" {
+		mux.HandleFunc("GET /debug/pprof/goroutine", serveGoroutines)
+	}
 	s := &Server{
 		srv:  &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute},
 		done: make(chan struct{}),

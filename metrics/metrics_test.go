@@ -153,3 +153,28 @@ func TestGoroutineProfile(t *testing.T) {
 		t.Errorf("?debug=3: %d, want 400", code)
 	}
 }
+
+// On a loopback TCP port, which every local process can reach, the
+// goroutine profile is not served; /metrics is.
+func TestGoroutineProfileOnlyOnUnixSocket(t *testing.T) {
+	ln, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := Serve(ln, New(Options{}), zerolog.Nop())
+	defer srv.Close()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	for path, want := range map[string]int{"/metrics": http.StatusOK, "/debug/pprof/goroutine?debug=2": http.StatusNotFound} {
+		resp, err := c.Get("http://" + ln.Addr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s on TCP: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+}
