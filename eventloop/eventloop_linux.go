@@ -191,8 +191,12 @@ var beforeWait func()
 // Go runtime puts such a goroutine next in line on the loop's own P, and
 // epoll_wait is a plain system call, during which that P is not given to
 // another thread until sysmon takes it back (20 µs at best, up to 10 ms
-// when sysmon has backed off), so without the yield the follow-up of the
-// loop's own work waited for that while a core may be idle.
+// when sysmon has backed off) unless another P is idle to steal it (not
+// the usual case on a busy 2-core host), so without the yield the
+// follow-up of the loop's own work could wait for that while a core is
+// idle. The yield makes that rare, not impossible: the scheduler serves
+// its global run queue, where the yielded loop goes, first once in 61
+// ticks.
 func (l *Loop) poll() error {
 	timeout := l.runTimers()
 	if l.stop {
