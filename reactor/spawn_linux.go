@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"sync/atomic"
+	"sync"
 	"syscall"
 	"time"
 
@@ -539,37 +539,15 @@ func (r *Reactor) withoutSocketGroup(groups []uint32) []uint32 {
 
 // otherNetns reports whether process pid lives in another network
 // namespace than the daemon (a caller inside a network "none" execution).
-// It fails closed: a caller whose namespace cannot be read (it is gone, or
-// /proc hides it) counts as in another one, so it never gets the host's
-// network by a failed read. pid 0 is an in-process caller (no peer).
 func otherNetns(pid int32) bool {
-	if pid == 0 {
-		return false
-	}
-	mine, err := selfNetns()
-	if err != nil {
-		return true
-	}
-	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
-	return err != nil || mine != theirs
+	mine, err1 := selfNetns()
+	theirs, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+	return err1 == nil && err2 == nil && mine != theirs
 }
 
-// selfNetns is the daemon's own network namespace, read once it could be
-// read (corrald never changes it; a shim enters a new one in its own
-// process). A failed read is not kept: the next call reads again.
-func selfNetns() (string, error) {
-	if ns := selfNetnsVal.Load(); ns != nil {
-		return *ns, nil
-	}
-	ns, err := os.Readlink("/proc/self/ns/net")
-	if err != nil {
-		return "", fmt.Errorf("read the daemon's network namespace: %w", err)
-	}
-	selfNetnsVal.Store(&ns)
-	return ns, nil
-}
-
-var selfNetnsVal atomic.Pointer[string]
+// selfNetns is the daemon's own network namespace, read once: corrald
+// never changes it (a shim enters a new one in its own process).
+var selfNetns = sync.OnceValues(func() (string, error) { return os.Readlink("/proc/self/ns/net") })
 
 // undoStart cleans up after a child that started but will not run the
 // command (it failed to exec): it kills and reaps the child, closes its
