@@ -314,7 +314,7 @@ func TestWaitAfterCleanedIsTheStoredRecord(t *testing.T) {
 			t.Errorf("WaitEncoded's JSON\n got %s\nwant %s (%s)", js, want, what)
 		}
 	}
-	other := api.Owner{UID: 4242, GID: 4242}
+	other := testCaller(4242)
 	if got, _, err := tr.WaitEncoded(ctx, other, api.WaitParams{ID: rec.ID}); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("another uid's WaitEncoded = %v, %v; want not found", got.State, err)
 	}

@@ -87,7 +87,16 @@ func helper(name string) int {
 	return 99
 }
 
-var root = api.Owner{UID: 0, GID: 0, PID: 1}
+// testCaller is an in-process caller of uid (and gid) uid. Its pid is this
+// test process's, as SO_PEERCRED would give it: Start reads the caller's
+// network namespace from /proc/<pid> (otherNetns), and a made-up pid is a
+// caller that is gone, or pid 1, which may be unreadable or in another
+// namespace where the tests run inside a harness's namespaces.
+func testCaller(uid uint32) api.Owner {
+	return api.Owner{UID: uid, GID: uid, PID: int32(os.Getpid())}
+}
+
+var root = testCaller(0)
 
 type testReactor struct {
 	*Reactor
@@ -569,7 +578,7 @@ func TestCapacity(t *testing.T) {
 func TestOwnershipHidesOthers(t *testing.T) {
 	tr := newTestReactor(t, nil)
 	rec := tr.run(api.StartParams{Argv: []string{"true"}})
-	other := api.Owner{UID: 4242, GID: 4242, PID: 5}
+	other := testCaller(4242)
 	if _, err := tr.Get(context.Background(), other, api.IDParams{ID: rec.ID}); api.ErrorCode(err) != api.CodeNotFound {
 		t.Errorf("Get by another uid = %v, want -32001", err)
 	}
@@ -722,7 +731,7 @@ func TestWorkspaceForUnprivilegedUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := newTestReactor(t, func(c *Config) { c.StateDir = state })
-	nobody := api.Owner{UID: 65534, GID: 65534, PID: 1}
+	nobody := testCaller(65534)
 	rec, err := tr.Start(context.Background(), nobody, api.StartParams{Argv: []string{"sh", "-c", "pwd; id -u; echo x > f"}})
 	if err != nil {
 		t.Fatal(err)
@@ -819,7 +828,7 @@ func TestWarmPool(t *testing.T) {
 	}
 	// The pool serves commands that need a shim: here, a caller other
 	// than root (the shim drops to its user).
-	nobody := api.Owner{UID: 65534, GID: 65534, PID: 1}
+	nobody := testCaller(65534)
 	run := func(p api.StartParams) api.Record {
 		t.Helper()
 		rec, err := tr.Start(context.Background(), nobody, p)
@@ -934,7 +943,7 @@ func TestWarmPoolNetworkNoneAndUser(t *testing.T) {
 	for tr.pool.idleCount() < 1 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	nobody := api.Owner{UID: 65534, GID: 65534, PID: 1}
+	nobody := testCaller(65534)
 	rec, err := tr.Start(context.Background(), nobody, api.StartParams{Argv: []string{"sh", "-c", "id -u; pwd"}})
 	if err != nil {
 		t.Fatal(err)
