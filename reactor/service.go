@@ -44,10 +44,17 @@ func (r *Reactor) StartEncoded(ctx context.Context, caller api.Owner, p api.Star
 	if err != nil {
 		return api.Record{}, nil, err
 	}
-	if p.Network != "none" && otherNetns(caller.PID) {
+	if p.Network != "none" {
 		// A caller without the host's network (itself in a network "none"
-		// execution) cannot get it back through corrald.
-		p.Network = "none"
+		// execution) cannot get it back through corrald; nor can one
+		// whose namespace corrald cannot read.
+		other, err := otherNetns(caller.PID)
+		if err != nil {
+			r.log.Warn().Err(err).Int32("caller_pid", caller.PID).Msg("caller's network namespace unknown: network none")
+		}
+		if other {
+			p.Network = "none"
+		}
 	}
 	// An idempotency key may name an execution from before a restart.
 	var prior *api.Record

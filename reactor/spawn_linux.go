@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -539,15 +539,47 @@ func (r *Reactor) withoutSocketGroup(groups []uint32) []uint32 {
 
 // otherNetns reports whether process pid lives in another network
 // namespace than the daemon (a caller inside a network "none" execution).
-func otherNetns(pid int32) bool {
-	mine, err1 := selfNetns()
-	theirs, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
-	return err1 == nil && err2 == nil && mine != theirs
+// It fails closed: a caller whose namespace cannot be read (it is gone, or
+// /proc hides it), or a daemon that cannot read its own, counts as in
+// another one, so no failed read gives a caller the host's network; err
+// then says which read failed. pid 0 is an in-process caller (no peer).
+func otherNetns(pid int32) (bool, error) {
+	if pid == 0 {
+		return false, nil
+	}
+	mine, err := selfNetns.get()
+	if err != nil {
+		return true, err
+	}
+	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return true, fmt.Errorf("read the caller's network namespace: %w", err)
+	}
+	return mine != theirs, nil
 }
 
-// selfNetns is the daemon's own network namespace, read once: corrald
-// never changes it (a shim enters a new one in its own process).
-var selfNetns = sync.OnceValues(func() (string, error) { return os.Readlink("/proc/self/ns/net") })
+// selfNetns is the daemon's own network namespace: corrald never changes
+// it (a shim enters a new one in its own process), so it is read once it
+// could be read. A failed read is not kept: the next call reads again.
+var selfNetns = netnsCache{read: func() (string, error) { return os.Readlink("/proc/self/ns/net") }}
+
+// netnsCache keeps the first successful result of read. Any goroutine.
+type netnsCache struct {
+	read func() (string, error)
+	ns   atomic.Pointer[string]
+}
+
+func (c *netnsCache) get() (string, error) {
+	if ns := c.ns.Load(); ns != nil {
+		return *ns, nil
+	}
+	ns, err := c.read()
+	if err != nil {
+		return "", fmt.Errorf("read the daemon's network namespace: %w", err)
+	}
+	c.ns.Store(&ns)
+	return ns, nil
+}
 
 // undoStart cleans up after a child that started but will not run the
 // command (it failed to exec): it kills and reaps the child, closes its
