@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -1080,34 +1079,5 @@ func TestSigchldReapsAreSpaced(t *testing.T) {
 	}
 	if tr.reaper.sigReaps.Load() == n {
 		t.Errorf("orphan %d was reaped, but by no reap on SIGCHLD", pid)
-	}
-}
-
-// TestReadProcFile: readProcFile reads a /proc file whole, past its first
-// buffer, as os.ReadFile does.
-func TestReadProcFile(t *testing.T) {
-	for _, path := range []string{"/proc/self/status", "/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children"} {
-		got, err := readProcFile(path)
-		if err != nil {
-			t.Fatalf("readProcFile(%s): %v", path, err)
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// status changes between reads only in its counters: compare the lines' names.
-		names := func(b []byte) []string {
-			var n []string
-			for _, l := range strings.Split(string(b), "\n") {
-				n = append(n, strings.SplitN(l, ":", 2)[0])
-			}
-			return n
-		}
-		if !slices.Equal(names(got), names(want)) {
-			t.Errorf("readProcFile(%s) = %q, os.ReadFile %q", path, got, want)
-		}
-	}
-	if _, err := readProcFile("/proc/self/no-such-file"); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("readProcFile of a missing file: %v, want not exist", err)
 	}
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/sysfile"
 )
 
 // reaper makes the daemon a child subreaper and reaps the orphans that get
@@ -177,39 +179,11 @@ func (rp *reaper) close() {
 // leaderChildren lists the children of the daemon's main thread, where
 // orphans are reparented.
 func leaderChildren() []int {
-	b, err := readProcFile("/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children")
+	b, err := sysfile.Read("/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children")
 	if err != nil {
 		return nil
 	}
 	return parsePids(b, nil)
-}
-
-// readProcFile reads a small /proc file with plain open, read and close:
-// os.ReadFile also tries the file in the runtime's poller, which costs
-// four fcntl, an epoll_ctl and an fstat more on every cleanup's reap.
-func readProcFile(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
-	b := make([]byte, 0, 512)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)] // grow
-		}
-		n, err := unix.Read(fd, b[len(b):cap(b)])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
-		}
-		if n == 0 {
-			return b, nil
-		}
-		b = b[:len(b)+n]
-	}
 }
 
 // parsePids appends the pids of a children file to pids.
@@ -231,7 +205,7 @@ func children() []int {
 	}
 	var pids []int
 	for _, t := range tasks {
-		b, err := readProcFile("/proc/self/task/" + t.Name() + "/children")
+		b, err := sysfile.Read("/proc/self/task/" + t.Name() + "/children")
 		if err != nil {
 			continue
 		}
