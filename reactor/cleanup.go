@@ -408,6 +408,7 @@ func (r *Reactor) scopeRemoved(e *execution, leftover string, serr, werr error, 
 	if e.removeFails++; e.removeFails == 1 {
 		e.removeFailedAt = now
 	}
+	r.flushExit(e) // a cleanup that retries is no quick one (hold.go)
 	if !e.survivors && (transient(err) || now.Sub(e.removeFailedAt) < r.cfg.KillWait) {
 		delay := retryDelay(e.removeFails)
 		r.log.Warn().Err(err).Str("exec_id", e.id).Int("attempt", e.removeFails).Bool("transient", transient(err)).

@@ -221,9 +221,15 @@ func (r *Reactor) orStored(ctx context.Context, f func() error, g func() error) 
 // the write failed (told with the record encoded by the connection), is
 // told on the loop as before.
 func (r *Reactor) commit(e *execution, outs ...store.Output) (queued bool) {
-	r.runningAt.Store(int64(r.running))
 	rec := r.snapshot(e)
 	r.observe(e, e.prev, &rec)
+	return r.commitRecord(e, rec, outs...)
+}
+
+// commitRecord is commit of rec, e's record as it stands, whose transition
+// the observer was told of already. Loop goroutine only.
+func (r *Reactor) commitRecord(e *execution, rec api.Record, outs ...store.Output) (queued bool) {
+	r.runningAt.Store(int64(r.running))
 	var (
 		early    map[*follower]struct{}
 		answered func(store.Result)
@@ -273,6 +279,7 @@ func (r *Reactor) whenCommitted(e *execution, st api.State) <-chan api.Record {
 	if e.committed >= st {
 		return nil
 	}
+	r.flushExit(e) // the wait is for a record written, not held (hold.go)
 	ch := make(chan api.Record, 1)
 	e.cancelAcks = append(e.cancelAcks, commitWait{st: st, ch: ch})
 	return ch

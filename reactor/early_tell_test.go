@@ -237,6 +237,7 @@ func equalStates(a, b []api.State) bool {
 func TestFollowShowsOnlyDurableStates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	writeExitsAtOnce(t) // nobody follows yet: the exited record is written, not held
 	tr, st, rec := startHeld(ctx, t, api.StateExited)
 	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -77,6 +77,9 @@ func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowPara
 				off = start + int64(len(data))
 			}
 		}
+		// A held exit is written now: this follower is told of it once
+		// it is durable (hold.go).
+		r.flushExit(e)
 		rec := r.snapshot(e)
 		if e.state <= e.committed || e.persisting == 0 {
 			f.notify(api.NotifyState, api.StateNotification{Record: rec})

@@ -180,6 +180,7 @@ func (s *streamsStore) TransitionFunc(from api.State, rec api.Record, done func(
 // that carried none answers from the store (no row) what an empty row gave:
 // empty, at EOF, total 0, from any offset.
 func TestQuietStreamWritesNoOutputRow(t *testing.T) {
+	writeExitsAtOnce(t) // both exit-path commits, exited not held for cleaned
 	st := &streamsStore{Store: openSQLite(t), streams: make(map[string]map[api.State][]string)}
 	tr := newTestReactor(t, func(c *Config) { c.Store = st })
 	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "echo out"}})

@@ -119,6 +119,10 @@ func (r *Reactor) quiet() (bool, string) {
 		if e.state == api.StateStarted {
 			return false, "execution " + e.id + " is starting"
 		}
+		if e.exitHeld { // its record is not exited yet: write it first
+			r.flushExit(e)
+			return false, "execution " + e.id + " has its exited record held"
+		}
 	}
 	return true, ""
 }

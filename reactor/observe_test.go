@@ -61,7 +61,7 @@ func TestObserverSeesLifecycle(t *testing.T) {
 		obs.mu.Lock()
 		n := obs.commits
 		obs.mu.Unlock()
-		if n >= 3 {
+		if n >= 2 {
 			break
 		}
 	}
@@ -79,10 +79,11 @@ func TestObserverSeesLifecycle(t *testing.T) {
 	if obs.out["stdout"] != 5 || obs.out["stderr"] != 2 {
 		t.Errorf("output = %v, want stdout 5, stderr 2", obs.out)
 	}
-	// running, exited and cleaned are written through persist (the
-	// created record is written by Start itself).
-	if obs.commits < 3 {
-		t.Errorf("store commits = %d, want at least 3", obs.commits)
+	// running and cleaned are written through persist (the created record
+	// is written by Start itself), and exited too unless its record was
+	// held for the cleaned one to carry (hold.go).
+	if obs.commits < 2 || obs.commits > 3 {
+		t.Errorf("store commits = %d, want 2 or 3", obs.commits)
 	}
 }
 

@@ -174,6 +174,7 @@ func (s *exitedOutputStore) TransitionFunc(from api.State, rec api.Record, done 
 // says exited 0 with none of its output (found by tests/drill, kill-9:
 // exec.output answered total_bytes 0 for a child that wrote 348,894).
 func TestExitedRecordCarriesKeptOutput(t *testing.T) {
+	writeExitsAtOnce(t) // the exited record written, not held for cleaned
 	st := &exitedOutputStore{Store: store.NewMemory(), out: make(map[string]map[string][]byte)}
 	tr := newTestReactor(t, func(c *Config) { c.Store = st })
 	rec := tr.run(api.StartParams{Argv: []string{"sh", "-c", "echo out; echo err >&2"}})

@@ -13,8 +13,8 @@ package reactor
 // line, never a regression: at Debug when it is stale (a late timer, a
 // duplicate cancel), at Error when it is illegal (a bug). The side effects
 // the transitions set in motion live in cleanup.go (signals, kill, cleanup),
-// limits.go (the sampler), outcome.go (the outcome decision) and durable.go
-// (commit to the store).
+// limits.go (the sampler), outcome.go (the outcome decision), durable.go
+// (commit to the store) and hold.go (the exited record held for cleaned).
 
 import (
 	"maps"
@@ -60,6 +60,10 @@ type execution struct {
 	// exitDurable: a record with its outcome (exited or cleaned) is
 	// durable; until then its fds stay in the fd store (park_linux.go).
 	exitDurable bool
+	// exitHeld: the exited record is not written yet, held for the
+	// cleaned one to carry (hold.go); holdWait bounds the hold.
+	exitHeld bool
+	holdWait *eventloop.Timer
 	// exitDeferred: toExited waited once for the scope's OOM count
 	// (deferExit, limits.go).
 	exitDeferred bool
@@ -382,6 +386,22 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		ev = ev.Str("error", errText)
 	}
 	ev.Msg("execution exited")
+	if r.mayHoldExit(e) {
+		r.holdExit(e, empty)
+		return
+	}
+	r.commitExit(e)
+	r.startCleanup(e, empty)
+}
+
+// commitExit queues e's exited record (commit). Loop goroutine only.
+func (r *Reactor) commitExit(e *execution) {
+	r.writeExit(e, true)
+}
+
+// writeExit queues e's exited record; observe: tell the observer of the
+// transition (not when holdExit did already). Loop goroutine only.
+func (r *Reactor) writeExit(e *execution, observe bool) {
 	// Without a spool the kept output so far goes with the exited record:
 	// a crash before cleaned would otherwise leave an outcome with none of
 	// the output behind it (found by tests/drill, kill-9).
@@ -389,7 +409,11 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 	if !r.spooling() {
 		outs = keptForStore(e)
 	}
-	if r.commit(e, outs...) {
+	rec := r.snapshot(e)
+	if observe {
+		r.observe(e, e.prev, &rec)
+	}
+	if r.commitRecord(e, rec, outs...) {
 		// The store's writer, just woken for the exited record, waits in
 		// this thread's run queue: let it run here now instead of after a
 		// wake-up of another thread; the loop goes on where a thread is
@@ -397,7 +421,6 @@ func (r *Reactor) toExited(e *execution, res exitResult) {
 		// failed write): nothing would run in its place.
 		runtime.Gosched()
 	}
-	r.startCleanup(e, empty)
 }
 
 // toCleaned: exited -> cleaned. The tree is gone (or reported as not), the
@@ -407,6 +430,10 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		r.releaseWorkspace(e)
 		return
 	}
+	// A held exited record (holdExit) is written by this commit: from
+	// exited, over the running record the store holds (the store's
+	// catch-up rule, as markDirty's rewrites).
+	r.releaseExit(e)
 	now := time.Now()
 	e.rec.CleanedAt = &now
 	if leftover != "" {

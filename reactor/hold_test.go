@@ -1,0 +1,235 @@
+package reactor
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/store"
+)
+
+// write is one transition a logStore was asked to write.
+type write struct {
+	id       string
+	from, to api.State
+}
+
+// logStore is a Memory store that keeps every transition it is asked for,
+// in order.
+type logStore struct {
+	store.Store
+	mu     sync.Mutex
+	writes []write
+}
+
+func (s *logStore) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
+	s.mu.Lock()
+	s.writes = append(s.writes, write{rec.ID, from, rec.State})
+	s.mu.Unlock()
+	s.Store.TransitionFunc(from, rec, done, outs...)
+}
+
+// of returns the writes of execution id.
+func (s *logStore) of(id string) []write {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var w []write
+	for _, x := range s.writes {
+		if x.id == id {
+			w = append(w, x)
+		}
+	}
+	return w
+}
+
+// wrote reports whether a record of id at state st was asked for.
+func (s *logStore) wrote(id string, st api.State) bool {
+	for _, w := range s.of(id) {
+		if w.to == st {
+			return true
+		}
+	}
+	return false
+}
+
+// stuckBackend is the process-group backend whose scopes' Remove waits for
+// release (a slow cleanup: systemd's stop of a scope), and says on removing
+// when one began.
+type stuckBackend struct {
+	scope.Backend
+	release  chan struct{}
+	removing chan struct{}
+	once     sync.Once
+}
+
+func newStuckBackend() *stuckBackend {
+	return &stuckBackend{Backend: scope.NewPgroup(), release: make(chan struct{}), removing: make(chan struct{}, 16)}
+}
+
+func (b *stuckBackend) Release() { b.once.Do(func() { close(b.release) }) }
+
+func (b *stuckBackend) Prepare(ctx context.Context, spec scope.Spec) (scope.Scope, error) {
+	sc, err := b.Backend.Prepare(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &stuckScope{Scope: sc, b: b}, nil
+}
+
+type stuckScope struct {
+	scope.Scope
+	b *stuckBackend
+}
+
+func (s *stuckScope) Remove() error {
+	select {
+	case s.b.removing <- struct{}{}:
+	default:
+	}
+	<-s.b.release
+	return s.Scope.Remove()
+}
+
+// writeExitsAtOnce makes the reactors t starts next write every exited
+// record at once, unheld, for the tests of what that record carries; call
+// it before newTestReactor (the reactor tests run one at a time).
+func writeExitsAtOnce(t *testing.T) {
+	old := holdExitMax
+	holdExitMax = 0
+	t.Cleanup(func() { holdExitMax = old }) // after the reactor's shutdown
+}
+
+// TestExitHeldForTheCleanedRecord: an execution nobody follows, whose
+// cleanup is quick, is written twice after its start, running and then
+// cleaned (from exited), which carries its outcome: no exited record of its
+// own is queued (hold.go). Before, every execution wrote exited too, one
+// commit more between the exit and exec.wait's answer.
+func TestExitHeldForTheCleanedRecord(t *testing.T) {
+	old := holdExitMax
+	holdExitMax = time.Minute // a cleanup slowed by a loaded host is still merged
+	t.Cleanup(func() { holdExitMax = old })
+	st := &logStore{Store: store.NewMemory()}
+	tr := newTestReactor(t, func(c *Config) { c.Store = st })
+	rec := tr.run(api.StartParams{Cwd: "/", Argv: []string{"true"}})
+	if rec.Outcome == nil || *rec.Outcome != api.OutcomeExited || rec.ExitCode == nil || *rec.ExitCode != 0 {
+		t.Fatalf("cleaned record: outcome %v, exit code %v; want exited, 0", rec.Outcome, rec.ExitCode)
+	}
+	got := st.of(rec.ID)
+	want := []write{{rec.ID, api.StateStarted, api.StateRunning}, {rec.ID, api.StateExited, api.StateCleaned}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("writes after the start = %v, want %v", got, want)
+	}
+	stored, ok, err := st.Get(rec.ID)
+	if err != nil || !ok || stored.State != api.StateCleaned || stored.Outcome == nil || *stored.Outcome != api.OutcomeExited {
+		t.Fatalf("stored record = %+v, %v, %v; want cleaned with outcome exited", stored, ok, err)
+	}
+}
+
+// TestHeldExitWrittenWhenCleanupIsSlow: while the scope's removal takes
+// long, the exited record is written within holdExitMax of the exit, not
+// left for the cleaned one: the outcome is durable though cleaned is not.
+func TestHeldExitWrittenWhenCleanupIsSlow(t *testing.T) {
+	st := &logStore{Store: store.NewMemory()}
+	b := newStuckBackend()
+	tr := newTestReactor(t, func(c *Config) { c.Store = st; c.Backend = b })
+	t.Cleanup(b.Release) // before the reactor's shutdown
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Cwd: "/", Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.removing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("cleanup did not begin the scope's removal within 10s")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !st.wrote(rec.ID, api.StateExited) {
+		if time.Now().After(deadline) {
+			t.Fatalf("exited record not written within 10s while the removal hangs; writes %v", st.of(rec.ID))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st.wrote(rec.ID, api.StateCleaned) {
+		t.Fatalf("cleaned written while the scope's removal hangs: %v", st.of(rec.ID))
+	}
+	b.Release()
+	if got := tr.wait(rec.ID); got.Outcome == nil || *got.Outcome != api.OutcomeExited {
+		t.Fatalf("outcome %v, want exited", got.Outcome)
+	}
+}
+
+// TestFollowerOfAHeldExitToldOnceDurable: a follower that comes while the
+// exited record is held is told of exited only once that record is in the
+// store, and then of cleaned: holding a record nobody was told of never
+// shows a client a state the store does not have.
+func TestFollowerOfAHeldExitToldOnceDurable(t *testing.T) {
+	old := holdExitMax
+	holdExitMax = time.Minute // the hold outlasts the follow
+	t.Cleanup(func() { holdExitMax = old })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := &logStore{Store: store.NewMemory()}
+	b := newStuckBackend()
+	tr := newTestReactor(t, func(c *Config) { c.Store = st; c.Backend = b })
+	t.Cleanup(b.Release)
+	rec, err := tr.Start(ctx, root, api.StartParams{Cwd: "/", Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.removing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("cleanup did not begin the scope's removal within 10s")
+	}
+	if st.wrote(rec.ID, api.StateExited) {
+		t.Fatalf("exited written although nobody follows and the hold is a minute: %v", st.of(rec.ID))
+	}
+	var (
+		mu       sync.Mutex
+		states   []api.State
+		durable  []api.State // the stored state when each was told
+		gotState = make(chan api.State, 8)
+	)
+	notify := func(method string, params any) bool {
+		if method != api.NotifyState {
+			return true
+		}
+		l := newStateLog()
+		l.notify(method, params)
+		s := <-l.seen
+		stored, _, _ := st.Get(rec.ID)
+		mu.Lock()
+		states = append(states, s)
+		durable = append(durable, stored.State)
+		mu.Unlock()
+		gotState <- s
+		return true
+	}
+	followed := make(chan error, 1)
+	go func() {
+		_, err := tr.Follow(ctx, root, api.FollowParams{ID: rec.ID}, notify)
+		followed <- err
+	}()
+	select {
+	case s := <-gotState:
+		if s != api.StateExited {
+			t.Fatalf("first exec.state = %v, want exited", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exec.state within 10s of exec.follow")
+	}
+	b.Release()
+	if err := <-followed; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, s := range states {
+		if durable[i] < s {
+			t.Errorf("told %v while the store had %v (states told %v)", s, durable[i], states)
+		}
+	}
+}
