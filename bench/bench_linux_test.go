@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -76,28 +77,48 @@ func TestBenchSuite(t *testing.T) {
 		latencyN, notifyN = n, n
 	}
 	start := time.Now()
-	s := &suite{t: t, bin: buildCorrald(t)}
+	s := &suite{t: t}
+	// Each step by its name and the letters of the tables it prints.
+	steps := []struct {
+		name   string
+		tables []string
+		f      func(*testing.T)
+	}{
+		{"exec_latency", []string{"a", "g", "a2"}, s.benchExecLatency},
+		{"exit_notify", []string{"b"}, s.benchExitNotify},
+		{"long_poll", []string{"l"}, s.benchLongPoll},
+		{"throughput", []string{"d"}, s.benchThroughput},
+		{"drain", []string{"e"}, s.benchDrain},
+		{"scale", []string{"c"}, s.benchScale},
+		{"systemd", []string{"f", "f2"}, s.benchSystemd},
+		{"profile", []string{"h"}, s.benchProfile},
+		{"mcp", nil, s.benchMCP},
+		{"observability", []string{"j"}, s.benchObservability},
+		{"survival", []string{"k1", "k2"}, s.benchSurvival},
+	}
+	// CORRAL_BENCH_ONLY=step runs one measurement (a short check of it),
+	// named as in TestBenchSuite/<name> or by a table's letter ("c").
+	only := os.Getenv("CORRAL_BENCH_ONLY")
+	picked := func(name string, tables []string) bool {
+		return only == "" || only == name || slices.Contains(tables, only)
+	}
+	var names []string
+	found := false
+	for _, st := range steps {
+		names = append(names, st.name)
+		found = found || picked(st.name, st.tables)
+	}
+	if !found {
+		t.Fatalf("CORRAL_BENCH_ONLY=%q names no step: want one of %s or a table's letter", only, strings.Join(names, ", "))
+	}
+	s.bin = buildCorrald(t)
 	s.header()
 	before := testenv.Measure()
-
-	// CORRAL_BENCH_ONLY=name runs one measurement (a short check of it).
-	only := os.Getenv("CORRAL_BENCH_ONLY")
-	run := func(name string, f func(*testing.T)) {
-		if only == "" || only == name {
-			t.Run(name, f)
+	for _, st := range steps {
+		if picked(st.name, st.tables) {
+			t.Run(st.name, st.f)
 		}
 	}
-	run("exec_latency", s.benchExecLatency)
-	run("exit_notify", s.benchExitNotify)
-	run("long_poll", s.benchLongPoll)
-	run("throughput", s.benchThroughput)
-	run("drain", s.benchDrain)
-	run("scale", s.benchScale)
-	run("systemd", s.benchSystemd)
-	run("profile", s.benchProfile)
-	run("mcp", s.benchMCP)
-	run("observability", s.benchObservability)
-	run("survival", s.benchSurvival)
 
 	s.targetTable()
 	fmt.Fprintf(&s.out, "\nTotal wall time of the suite: %s. Load average at the end: %s.\n", time.Since(start).Round(time.Second), loadAvg())
@@ -423,13 +444,17 @@ func killMarked(mark string) {
 	}
 }
 
-// waitMarked waits until exactly n marked processes exist.
-func waitMarked(mark string, n int, within time.Duration) int {
+// waitMarked waits until exactly n marked processes exist, for at most
+// within. It returns the last count and the largest one seen: at a deadline
+// the last alone may say little (children that lived too short a time are
+// all gone by then).
+func waitMarked(mark string, n int, within time.Duration) (last, most int) {
 	deadline := time.Now().Add(within)
 	for {
-		got := countMarked(mark)
-		if got == n || time.Now().After(deadline) {
-			return got
+		last = countMarked(mark)
+		most = max(most, last)
+		if last == n || time.Now().After(deadline) {
+			return last, most
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
