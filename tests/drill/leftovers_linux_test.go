@@ -6,8 +6,38 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/ipc"
 	"github.com/corral-dev/corral/tests/testenv"
 )
+
+// metricsHost starts the drill's host for the test run named run, with
+// the daemon's goroutine profile served (the leftover check reads it), or
+// skips the test where the drill cannot run.
+func metricsHost(t *testing.T, run string) (*hostEnv, *Config) {
+	t.Helper()
+	if skipReason != "" {
+		testenv.Skip(t, "drill: "+skipReason)
+	}
+	cfg := &Config{Run: run}
+	h := startHost(t, cfg, "")
+	if h.metrics == "" {
+		t.Fatal("corrald has no --metrics-listen")
+	}
+	return h, cfg
+}
+
+// dialChecker opens a connection to h's daemon as the leftover check's
+// own is open during the check; it is closed when the test ends, before
+// the host is stopped.
+func dialChecker(ctx context.Context, t *testing.T, h *hostEnv) *ipc.Client {
+	t.Helper()
+	c, err := DialRetry(ctx, h.socket, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
 
 // idleGoroutines waits, up to 10s, for two reads of the daemon's
 // goroutines 100ms apart to agree (the connections settle closed end in
@@ -42,14 +72,7 @@ func idleGoroutines(ctx context.Context, t *testing.T, h *hostEnv) Goroutines {
 // wait, as TestDrillHost/load-only and /kill-9 failed in .ci/run at
 // 97a4785, b22e449, 457a26a and 1b6b218 (21 against 20).
 func TestDaemonGoroutinesExact(t *testing.T) {
-	if skipReason != "" {
-		testenv.Skip(t, "drill: "+skipReason)
-	}
-	cfg := Config{Run: "exact"}
-	h := startHost(t, &cfg, "")
-	if h.metrics == "" {
-		t.Fatal("corrald has no --metrics-listen")
-	}
+	h, _ := metricsHost(t, "exact")
 	ctx := context.Background()
 	idle := idleGoroutines(ctx, t, h)
 	n := len(idle)
@@ -75,20 +98,9 @@ func TestDaemonGoroutinesExact(t *testing.T) {
 // as the checker's is during the check) and name them, and find nothing
 // once the connection is closed.
 func TestLeftoversNameTheGoroutine(t *testing.T) {
-	if skipReason != "" {
-		testenv.Skip(t, "drill: "+skipReason)
-	}
-	cfg := Config{Run: "leftgo"}
-	h := startHost(t, &cfg, "")
-	if h.metrics == "" {
-		t.Fatal("corrald has no --metrics-listen")
-	}
+	h, cfg := metricsHost(t, "leftgo")
 	ctx := context.Background()
-	checker, err := DialRetry(ctx, h.socket, 10*time.Second) // as the checker's own
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer checker.Close()
+	dialChecker(ctx, t, h)
 	left, err := DialRetry(ctx, h.socket, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -123,20 +135,9 @@ func TestLeftoversNameTheGoroutine(t *testing.T) {
 // TestDrillHost/kill-9 failure at 1b6b218 named 2 sockets more, read as a
 // connection the restarted daemon kept).
 func TestCheckersOwnConnectionsNotCounted(t *testing.T) {
-	if skipReason != "" {
-		testenv.Skip(t, "drill: "+skipReason)
-	}
-	cfg := Config{Run: "ownconn"}
-	h := startHost(t, &cfg, "")
-	if h.metrics == "" {
-		t.Fatal("corrald has no --metrics-listen")
-	}
+	h, _ := metricsHost(t, "ownconn")
 	ctx := context.Background()
-	checker, err := DialRetry(ctx, h.socket, 10*time.Second) // as the checker's own
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer checker.Close()
+	checker := dialChecker(ctx, t, h)
 	info, err := checker.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
