@@ -37,14 +37,48 @@ func seqOutput(n int) string {
 	return b.String()
 }
 
-// running is an execution started before the kill, with what the test
-// learned about it while it ran.
+// running is an execution started before the kill (or stop), with what
+// the test learned about it while it ran.
 type running struct {
 	name      string
 	id        string
 	procs     []proc
 	cgroup    string // absolute cgroup directory
 	workspace string // "" when it ran in a given cwd
+}
+
+// checkGone reports what of r is left when (after the restart, after a
+// stop): a process of its tree, its cgroup, its workspace.
+func (r running) checkGone(t *testing.T, when string) {
+	t.Helper()
+	for _, p := range r.procs {
+		if p.alive() {
+			t.Errorf("%s: pid %d still runs %s", r.name, p.pid, when)
+		}
+	}
+	if exists(r.cgroup) {
+		t.Errorf("%s: cgroup %s still exists %s", r.name, r.cgroup, when)
+	}
+	if r.workspace != "" && exists(r.workspace) {
+		t.Errorf("%s: workspace %s still exists %s", r.name, r.workspace, when)
+	}
+}
+
+// settledAs reads the record of id (the execution called name) from a
+// restarted daemon and checks that it is cleaned with outcome want. ok is
+// false where the record could not be read.
+func settledAs(t *testing.T, c *ipc.Client, name, id string, want api.Outcome) (rec api.Record, ok bool) {
+	t.Helper()
+	rec, err := c.Get(ctx(t), id)
+	if err != nil {
+		t.Errorf("%s: exec.get after restart: %v", name, err)
+		return rec, false
+	}
+	if rec.State != api.StateCleaned || outcomeOf(rec) != string(want) {
+		t.Errorf("%s: after restart: state %v outcome %s error %q, want cleaned %s",
+			name, rec.State, outcomeOf(rec), strOr(rec.Error, ""), want)
+	}
+	return rec, true
 }
 
 func TestKillNineThenRestart(t *testing.T) {
@@ -147,13 +181,9 @@ func TestKillNineThenRestart(t *testing.T) {
 	d2 := e.start()
 	c = d2.Client()
 	for _, r := range runs {
-		rec, err := c.Get(ctx(t), r.id)
-		if err != nil {
-			t.Errorf("%s: exec.get after restart: %v", r.name, err)
+		rec, ok := settledAs(t, c, r.name, r.id, api.OutcomeLost)
+		if !ok {
 			continue
-		}
-		if rec.State != api.StateCleaned || outcomeOf(rec) != string(api.OutcomeLost) {
-			t.Errorf("%s: after restart state %v outcome %s, want cleaned lost", r.name, rec.State, outcomeOf(rec))
 		}
 		if msg := strOr(rec.Error, ""); !strings.Contains(msg, "restart") {
 			t.Errorf("%s: error = %q, want it to name the restart", r.name, msg)
@@ -169,17 +199,7 @@ func TestKillNineThenRestart(t *testing.T) {
 		if w, err := c.Wait(ctx(t), api.WaitParams{ID: r.id, TimeoutMS: &waited}); err != nil || !reflect.DeepEqual(w, rec) {
 			t.Errorf("%s: exec.wait after restart = %+v, %v; want the settled record %+v", r.name, w, err, rec)
 		}
-		for _, p := range r.procs {
-			if p.alive() {
-				t.Errorf("%s: pid %d still runs after the restart", r.name, p.pid)
-			}
-		}
-		if exists(r.cgroup) {
-			t.Errorf("%s: cgroup %s still exists after the restart", r.name, r.cgroup)
-		}
-		if r.workspace != "" && exists(r.workspace) {
-			t.Errorf("%s: workspace %s still exists after the restart", r.name, r.workspace)
-		}
+		r.checkGone(t, "after the restart")
 	}
 
 	// Finished ones: records and output as before the kill.
@@ -433,13 +453,7 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 	const drain = 3 * time.Second
 	d1 := e.start("--drain", drain.String())
 	c := d1.Client()
-	type run struct {
-		name   string
-		id     string
-		p      proc
-		cgroup string
-	}
-	var runs []run
+	var runs []running
 	for _, tc := range []struct {
 		name string
 		argv []string
@@ -452,7 +466,7 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		runs = append(runs, run{name: tc.name, id: rec.ID, p: watch(t, rec.PID), cgroup: scopeDir(rec)})
+		runs = append(runs, running{name: tc.name, id: rec.ID, procs: []proc{watch(t, rec.PID)}, cgroup: scopeDir(rec)})
 	}
 
 	began := time.Now()
@@ -485,25 +499,15 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 		t.Errorf("corrald stopped after %v, before its %v drain", took, drain)
 	}
 	for _, r := range runs {
-		if r.p.alive() {
-			t.Errorf("%s: pid %d still runs after corrald stopped", r.name, r.p.pid)
-		}
-		if exists(r.cgroup) {
-			t.Errorf("%s: cgroup %s still exists after corrald stopped", r.name, r.cgroup)
-		}
+		r.checkGone(t, "after corrald stopped")
 	}
 
 	d2 := e.start()
 	c = d2.Client()
 	for _, r := range runs {
-		got, err := c.Get(ctx(t), r.id)
-		if err != nil {
-			t.Errorf("%s: exec.get after restart: %v", r.name, err)
+		got, ok := settledAs(t, c, r.name, r.id, api.OutcomeCancelled)
+		if !ok {
 			continue
-		}
-		if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeCancelled) {
-			t.Errorf("%s: after a graceful stop and restart: state %v outcome %s error %q, want cleaned cancelled",
-				r.name, got.State, outcomeOf(got), strOr(got.Error, ""))
 		}
 		if got.CleanedAt == nil {
 			t.Errorf("%s: cleaned_at not set", r.name)
@@ -512,18 +516,9 @@ func TestGracefulStopLeavesDurableRecord(t *testing.T) {
 }
 
 func TestFullDiskRefusesNewWorkButKeepsSupervising(t *testing.T) {
-	mnt := mountTmpfs(t, "2m")
-	e := newEnv(t, filepath.Join(mnt, "state"))
-	d := e.start()
-	c := d.Client()
-
-	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 3000, GraceMS: 500})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := watch(t, long.PID)
+	sd := startOnSmallDisk(t, 3*time.Second)
+	c, long, p, fill := sd.c, sd.long, sd.p, sd.fill
 	filled := time.Now()
-	fill := filepath.Join(mnt, "fill")
 	fillUp(t, fill)
 
 	// The store may still write into space its WAL already holds (a
@@ -531,6 +526,7 @@ func TestFullDiskRefusesNewWorkButKeepsSupervising(t *testing.T) {
 	// refused once a write needs a block the disk no longer has, within a
 	// few executions. Each one accepted until then is a known, supervised
 	// execution.
+	var err error
 	for i := 0; ; i++ {
 		var rec api.Record
 		rec, err = c.Start(ctx(t), api.StartParams{Argv: []string{"true"}, Cwd: "/"})
@@ -595,6 +591,47 @@ func TestFullDiskRefusesNewWorkButKeepsSupervising(t *testing.T) {
 	}
 }
 
+// smallDisk is a daemon whose state directory is on a 2 MiB tmpfs, with
+// one execution (sleep 1000) running under a timeout; the test fills the
+// disk at fill.
+type smallDisk struct {
+	e    *env
+	d    *daemon
+	c    *ipc.Client
+	long api.Record // the sleep, as exec.start answered
+	p    proc       // its process, watched: it must be gone by the end
+	fill string     // the file that fills the disk
+}
+
+// startOnSmallDisk starts corrald (with args) on a small disk and the sleep
+// with the given timeout (and a grace of 500ms).
+func startOnSmallDisk(t *testing.T, timeout time.Duration, args ...string) smallDisk {
+	t.Helper()
+	mnt := mountTmpfs(t, "2m")
+	e := newEnv(t, filepath.Join(mnt, "state"))
+	d := e.start(args...)
+	c := d.Client()
+	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/",
+		TimeoutMS: timeout.Milliseconds(), GraceMS: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return smallDisk{e: e, d: d, c: c, long: long, p: watch(t, long.PID), fill: filepath.Join(mnt, "fill")}
+}
+
+// fillUntilTimedOut fills the disk and waits for the sleep to end by its
+// timeout, which the daemon must still enforce and report: cleaned with
+// outcome timeout.
+func (sd smallDisk) fillUntilTimedOut(t *testing.T) api.Record {
+	t.Helper()
+	fillUp(t, sd.fill)
+	ended, err := sd.c.Wait(ctx(t), api.WaitParams{ID: sd.long.ID})
+	if err != nil || ended.State != api.StateCleaned || outcomeOf(ended) != string(api.OutcomeTimeout) {
+		t.Fatalf("exec.wait on a full disk = %v %s, %v; want cleaned timeout", ended.State, outcomeOf(ended), err)
+	}
+	return ended
+}
+
 // fillUp writes zeros to path until the file system is full.
 func fillUp(t *testing.T, path string) {
 	t.Helper()
@@ -627,22 +664,10 @@ func fillUp(t *testing.T, path string) {
 // space is back and the daemon stops gracefully, that outcome must be what a
 // restarted daemon reports, not lost (an outcome never changes).
 func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
-	mnt := mountTmpfs(t, "2m")
-	e := newEnv(t, filepath.Join(mnt, "state"))
-	d1 := e.start()
-	c := d1.Client()
-	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 2000, GraceMS: 500})
-	if err != nil {
-		t.Fatal(err)
-	}
-	watch(t, long.PID)
-	fill := filepath.Join(mnt, "fill")
-	fillUp(t, fill)
-	ended, err := c.Wait(ctx(t), api.WaitParams{ID: long.ID})
-	if err != nil || outcomeOf(ended) != string(api.OutcomeTimeout) {
-		t.Fatalf("exec.wait on a full disk = %s, %v; want timeout", outcomeOf(ended), err)
-	}
-	if err := os.Remove(fill); err != nil {
+	sd := startOnSmallDisk(t, 2*time.Second)
+	c, long := sd.c, sd.long
+	sd.fillUntilTimedOut(t)
+	if err := os.Remove(sd.fill); err != nil {
 		t.Fatal(err)
 	}
 	// A successful write: the store is healthy again.
@@ -651,19 +676,12 @@ func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
 		t.Fatalf("exec.start after freeing space: %v", err)
 	}
 	waitCleaned(t, c, rec.ID)
-	if err := d1.Stop(syscall.SIGTERM, 30*time.Second); err != nil {
+	if err := sd.d.Stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 
-	c = e.start().Client()
-	got, err := c.Get(ctx(t), long.ID)
-	if err != nil {
-		t.Fatalf("exec.get after restart: %v", err)
-	}
-	if got.State != api.StateCleaned || outcomeOf(got) != string(api.OutcomeTimeout) {
-		t.Errorf("after restart: state %v outcome %s error %q; clients were told outcome timeout before the restart",
-			got.State, outcomeOf(got), strOr(got.Error, ""))
-	}
+	// Clients were told outcome timeout before the restart.
+	settledAs(t, sd.e.start().Client(), "timed out on a full disk", long.ID, api.OutcomeTimeout)
 }
 
 // TestFullDiskRecordNeverGoesBackwards: an execution that ended while the
@@ -671,21 +689,10 @@ func TestFullDiskOutcomeSurvivesRestart(t *testing.T) {
 // that passes (space long since freed), exec.get must not fall back to the
 // stale stored record: states move one way only.
 func TestFullDiskRecordNeverGoesBackwards(t *testing.T) {
-	mnt := mountTmpfs(t, "2m")
-	e := newEnv(t, filepath.Join(mnt, "state"))
-	c := e.start("--retention", "2s").Client()
-	long, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "1000"}, Cwd: "/", TimeoutMS: 1000, GraceMS: 500})
-	if err != nil {
-		t.Fatal(err)
-	}
-	watch(t, long.PID)
-	fill := filepath.Join(mnt, "fill")
-	fillUp(t, fill)
-	ended, err := c.Wait(ctx(t), api.WaitParams{ID: long.ID})
-	if err != nil || ended.State != api.StateCleaned || outcomeOf(ended) != string(api.OutcomeTimeout) {
-		t.Fatalf("exec.wait on a full disk = %v %s, %v; want cleaned timeout", ended.State, outcomeOf(ended), err)
-	}
-	if err := os.Remove(fill); err != nil {
+	sd := startOnSmallDisk(t, time.Second, "--retention", "2s")
+	c, long := sd.c, sd.long
+	ended := sd.fillUntilTimedOut(t)
+	if err := os.Remove(sd.fill); err != nil {
 		t.Fatal(err)
 	}
 	// Past the retention period: the record may expire (-32001) but must
