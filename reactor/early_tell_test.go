@@ -38,6 +38,40 @@ func (s *heldStore) TransitionFunc(from api.State, rec api.Record, done func(sto
 // Release lets the held writes (and those to come) through. Idempotent.
 func (s *heldStore) Release() { s.once.Do(func() { close(s.release) }) }
 
+// killAndWaitAsked SIGKILLs pid and waits up to 10 s for the store to be
+// asked to write the held state's record.
+func (s *heldStore) killAndWaitAsked(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the %s record was not sent to the store within 10s of the kill", s.state)
+	}
+}
+
+// loopRoundTrip returns once tr's loop has run what was posted before.
+func (tr *testReactor) loopRoundTrip(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := tr.onLoop(ctx, func() {}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// blockLoop blocks tr's loop in posted work until letGo is called (at the
+// latest when the test ends) and returns once the loop is blocked.
+func (tr *testReactor) blockLoop(t *testing.T) (letGo func()) {
+	blocked, unblock := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	letGo = func() { once.Do(func() { close(unblock) }) }
+	t.Cleanup(letGo)
+	tr.post(func() { close(blocked); <-unblock })
+	<-blocked
+	return letGo
+}
+
 // startHeld starts a reactor whose store holds the writes of state (a
 // Memory store behind) and, in it, a sleep 60 that runs. The store is
 // released when the test ends, before the reactor's shutdown.
@@ -125,29 +159,15 @@ func TestExitedToldOnceDurableWithoutTheLoop(t *testing.T) {
 		followed <- err
 	}()
 	log.waitFor(t, api.StateRunning, "after exec.follow (the current record)")
-	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-st.asked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the exited record was not sent to the store within 10s of the kill")
-	}
+	st.killAndWaitAsked(t, rec.PID)
 	// The loop has done all it does at the exit (a round trip behind it):
 	// nothing may have told the follower yet.
-	if err := tr.onLoop(ctx, func() {}); err != nil {
-		t.Fatal(err)
-	}
+	tr.loopRoundTrip(ctx, t)
 	if got := log.got(); len(got) != 1 {
 		t.Fatalf("exec.state notifications before the exited record was durable: %v, want only the first (running)", got)
 	}
 	// Block the loop, then let the store write.
-	blocked, unblock := make(chan struct{}), make(chan struct{})
-	var unblockOnce sync.Once
-	letGo := func() { unblockOnce.Do(func() { close(unblock) }) }
-	t.Cleanup(letGo)
-	tr.post(func() { close(blocked); <-unblock })
-	<-blocked
+	letGo := tr.blockLoop(t)
 	st.Release()
 	log.waitFor(t, api.StateExited, "of the store's answer while the loop was blocked")
 	letGo()
@@ -239,14 +259,7 @@ func TestFollowShowsOnlyDurableStates(t *testing.T) {
 	defer cancel()
 	writeExitsAtOnce(t) // nobody follows yet: the exited record is written, not held
 	tr, st, rec := startHeld(ctx, t, api.StateExited)
-	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-st.asked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the exited record was not sent to the store within 10s of the kill")
-	}
+	st.killAndWaitAsked(t, rec.PID)
 	log := newStateLog()
 	followed := make(chan error, 1)
 	go func() {

@@ -224,27 +224,10 @@ func TestWaitAnswerIsTheStoredRecord(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	type answer struct {
-		rec api.Record
-		js  json.RawMessage
-		err error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		rec, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: rec.ID})
-		answered <- answer{rec, js, err}
-	}()
 	// Let the child end only once the wait is registered, so that it is
 	// answered at cleaned (an execution already cleaned is answered from
 	// memory or the store, without JSON).
-	for registered := false; !registered; {
-		if err := tr.onLoop(ctx, func() { registered = len(tr.execs[rec.ID].waiters) > 0 }); err != nil {
-			t.Fatal(err)
-		}
-		if !registered {
-			time.Sleep(time.Millisecond)
-		}
-	}
+	answered := tr.waitEncodedRegistered(ctx, t, rec.ID)
 	if _, err := tr.Write(ctx, root, api.WriteParams{ID: rec.ID, Close: true}); err != nil {
 		t.Fatalf("close the child's stdin: %v", err)
 	}

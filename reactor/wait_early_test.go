@@ -3,13 +3,42 @@ package reactor
 import (
 	"context"
 	"encoding/json"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/api"
 )
+
+// encodedAnswer is what WaitEncoded returned.
+type encodedAnswer struct {
+	rec api.Record
+	js  json.RawMessage
+	err error
+}
+
+// waitEncodedRegistered calls WaitEncoded for id on a goroutine of its own
+// and returns once its waiter, the execution's only one, is registered on
+// the loop; the answer comes on the channel.
+func (tr *testReactor) waitEncodedRegistered(ctx context.Context, t *testing.T, id string) <-chan encodedAnswer {
+	t.Helper()
+	answered := make(chan encodedAnswer, 1)
+	go func() {
+		rec, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: id})
+		answered <- encodedAnswer{rec, js, err}
+	}()
+	for waiters := 0; waiters == 0; {
+		if err := tr.onLoop(ctx, func() { waiters = len(tr.execs[id].waiters) }); err != nil {
+			t.Fatal(err)
+		}
+		if waiters > 1 {
+			t.Fatalf("%d waiters registered for one exec.wait", waiters)
+		}
+		if waiters == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return answered
+}
 
 // TestWaitAnsweredOnceDurableWithoutTheLoop: an exec.wait caller is
 // answered only once the cleaned record is written, and from the store's
@@ -19,50 +48,19 @@ func TestWaitAnsweredOnceDurableWithoutTheLoop(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tr, st, rec := startHeld(ctx, t, api.StateCleaned)
-	type answer struct {
-		rec api.Record
-		js  json.RawMessage
-		err error
-	}
-	waited := make(chan answer, 1)
-	go func() {
-		r, js, err := tr.WaitEncoded(ctx, root, api.WaitParams{ID: rec.ID})
-		waited <- answer{r, js, err}
-	}()
-	for registered := false; !registered; {
-		if err := tr.onLoop(ctx, func() { registered = len(tr.execs[rec.ID].waiters) == 1 }); err != nil {
-			t.Fatal(err)
-		}
-		if !registered {
-			time.Sleep(time.Millisecond)
-		}
-	}
-	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-st.asked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the cleaned record was not sent to the store within 10s of the kill")
-	}
+	waited := tr.waitEncodedRegistered(ctx, t, rec.ID)
+	st.killAndWaitAsked(t, rec.PID)
 	// The loop has done all it does at cleaned (a round trip behind it):
 	// the caller may not have its answer yet.
-	if err := tr.onLoop(ctx, func() {}); err != nil {
-		t.Fatal(err)
-	}
+	tr.loopRoundTrip(ctx, t)
 	select {
 	case a := <-waited:
 		t.Fatalf("exec.wait answered (%v, %v) before the cleaned record was durable", a.rec.State, a.err)
 	default:
 	}
-	blocked, unblock := make(chan struct{}), make(chan struct{})
-	var unblockOnce sync.Once
-	letGo := func() { unblockOnce.Do(func() { close(unblock) }) }
-	t.Cleanup(letGo)
-	tr.post(func() { close(blocked); <-unblock })
-	<-blocked
+	letGo := tr.blockLoop(t)
 	st.Release()
-	var a answer
+	var a encodedAnswer
 	select {
 	case a = <-waited:
 	case <-time.After(10 * time.Second):
