@@ -358,6 +358,7 @@ func (s *heldExitStore) TransitionFunc(from api.State, rec api.Record, done func
 // corrald was SIGSTOPped, handled in the moment between systemd's SIGCONT
 // and the SIGABRT's end.
 func TestFdStoreKeepsFdsUntilExitIsDurable(t *testing.T) {
+	writeExitsAtOnce(t) // the exited record written (and held back here), not held for cleaned
 	fs := &fakeFdStore{fds: map[string]int{}}
 	st := &heldExitStore{Store: store.NewMemory(), release: make(chan struct{}), cleaned: make(chan string, 1)}
 	released := false
@@ -399,7 +400,15 @@ func TestFdStoreKeepsFdsUntilExitIsDurable(t *testing.T) {
 	if rec, err = r.Wait(ctx, root, api.WaitParams{ID: rec.ID}); err != nil || rec.State != api.StateCleaned {
 		t.Fatalf("Wait = %v, %v", rec.State, err)
 	}
-	if got := strings.Join(removed(), " "); got != "pidfd stderr stdout" {
+	// exec.wait may be answered from the store's writer before the loop
+	// runs the follow-up that removes them: bounded wait.
+	got := ""
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if got = strings.Join(removed(), " "); got == "pidfd stderr stdout" {
+			break
+		}
+	}
+	if got != "pidfd stderr stdout" {
 		t.Errorf("once exited is durable: removed %q, want pidfd stderr stdout each once", got)
 	}
 }

@@ -1,6 +1,7 @@
 package reactor
 
 import (
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/api"
@@ -32,20 +33,25 @@ type recentDone struct {
 }
 
 // recentRing holds the recentDone entries by id, the ids in a ring so that
-// the oldest goes first. Loop goroutine only; the zero value is empty.
+// the oldest goes first; the zero value is empty. mu guards it: the store's
+// writer adds an entry the moment a cleaned record is durable (toCleaned),
+// and exec.wait's goroutine reads it before it asks the loop (WaitEncoded).
 type recentRing struct {
+	mu   sync.Mutex
 	byID map[string]recentDone
 	ids  [recentMax]string
 	next int
 }
 
-// remember keeps e's final record (rec, the store's JSON js) as it leaves
-// memory. Loop goroutine only.
+// remember keeps e's final record (rec, the store's JSON js) once it is
+// durable. Any goroutine (the store's writer).
 func (r *Reactor) remember(rec api.Record, js []byte) {
 	if js == nil || rec.CleanedAt == nil || (r.cfg.Retention >= 0 && r.cfg.Retention < recentTTL) {
 		return
 	}
 	q := &r.recent
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.byID == nil {
 		q.byID = make(map[string]recentDone, recentMax)
 	}
@@ -59,9 +65,11 @@ func (r *Reactor) remember(rec api.Record, js []byte) {
 
 // recentFor returns the kept final record of id for caller, if there is
 // one still young enough; another uid's record is not found, as in lookup.
-// Loop goroutine only.
+// Any goroutine.
 func (r *Reactor) recentFor(caller api.Owner, id string) (recentDone, bool) {
+	r.recent.mu.Lock()
 	d, ok := r.recent.byID[id]
+	r.recent.mu.Unlock()
 	if !ok || (caller.UID != 0 && d.rec.Owner.UID != caller.UID) || time.Since(*d.rec.CleanedAt) >= recentTTL {
 		return recentDone{}, false
 	}

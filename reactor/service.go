@@ -236,6 +236,11 @@ func (r *Reactor) WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitP
 	if p.TimeoutMS != nil && *p.TimeoutMS < 0 {
 		return api.Record{}, nil, api.Errorf(api.CodeInvalidParams, "timeout_ms: must not be negative")
 	}
+	// Cleaned and durable a moment ago: answered here, without the loop
+	// (the store's writer kept it: toCleaned).
+	if d, ok := r.recentFor(caller, p.ID); ok {
+		return d.rec, d.js, nil
+	}
 	var (
 		rec  api.Record
 		ch   chan waitAnswer

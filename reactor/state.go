@@ -456,24 +456,27 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 	// callers waiting now are answered from the store's answer itself (the
 	// writer goroutine), as soon as it is durable, as commit tells
 	// followers: the post back to the loop and its wake-up are off the
-	// answer's path. A caller that came since, or every caller when the
-	// write failed, is answered from the loop.
+	// answer's path. From that moment the record is also kept for the
+	// exec.wait calls still to come (remember): they are answered on their
+	// own goroutine, without a round trip through the loop (WaitEncoded).
+	// A caller that came since, or every caller when the write failed, is
+	// answered from the loop.
 	var (
-		early    map[chan waitAnswer]struct{}
-		answered func(store.Result)
-		told     bool // set by answered, read on the loop after the post
+		early map[chan waitAnswer]struct{}
+		told  bool // set by answered, read on the loop after the post
 	)
 	if len(e.waiters) > 0 {
 		early = maps.Clone(e.waiters)
-		answered = func(res store.Result) {
-			if res.Err != nil || res.JSON == nil {
-				return
-			}
-			for ch := range early {
-				ch <- waitAnswer{rec: rec, js: res.JSON} // buffered: one answer each
-			}
-			told = true
+	}
+	answered := func(res store.Result) {
+		if res.Err != nil || res.JSON == nil {
+			return
 		}
+		r.remember(rec, res.JSON)
+		for ch := range early {
+			ch <- waitAnswer{rec: rec, js: res.JSON} // buffered: one answer each
+		}
+		told = true
 	}
 	queued := r.persistAnswered(e, e.prev, rec, answered, func(ok bool, js []byte) {
 		if ok {
@@ -497,8 +500,7 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		e.followers = nil
 		r.releaseWorkspace(e)
 		if ok {
-			delete(r.execs, e.id)
-			r.remember(rec, js)
+			delete(r.execs, e.id) // answered is remembered by now
 		}
 		// Not durable: it stays in memory, answering clients, until a
 		// retry writes it (markDirty).
