@@ -157,12 +157,19 @@ func signalRunningOutOfFDs(t *testing.T) (string, error) {
 				break
 			}
 		}
+		// Take every free fd, and keep taking any that comes free until
+		// Signal returns: an fd Signal had open while the fds ran out (its
+		// poll of cgroup.events) is freed after, and would let it list the
+		// pids one file at a time.
 		for {
-			fd, err := unix.Dup(0)
-			if err != nil {
+			select {
+			case <-stop:
 				return
+			default:
 			}
-			fds = append(fds, fd)
+			if fd, err := unix.Dup(0); err == nil {
+				fds = append(fds, fd)
+			}
 		}
 	}()
 	serr := d.Signal(unix.SIGCONT)
