@@ -253,32 +253,23 @@ func TestFdStoreRemovesWhatWasParked(t *testing.T) {
 		if rec, err = r.Wait(ctx, root, api.WaitParams{ID: rec.ID}); err != nil || rec.State != api.StateCleaned {
 			t.Fatalf("Wait = %v, %v", rec.State, err)
 		}
-		// The fds leave the store once the outcome is durable, which may be
-		// the cleaned record's commit (an exited record held for it,
-		// hold.go), on the loop after exec.wait was answered: bounded wait.
-		want := strings.Fields(tt.want)
-		sort.Strings(want)
+		fs.mu.Lock()
 		var got []string
-		left := 0
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-			fs.mu.Lock()
-			got, left = nil, 0
-			for _, name := range fs.removed {
-				if role, ok := strings.CutPrefix(name, rec.ID+"."); ok {
-					got = append(got, role)
-				}
-			}
-			for name := range fs.fds {
-				if strings.HasPrefix(name, rec.ID+".") {
-					left++
-				}
-			}
-			fs.mu.Unlock()
-			sort.Strings(got)
-			if strings.Join(got, " ") == strings.Join(want, " ") && left == 0 || time.Now().After(deadline) {
-				break
+		for _, name := range fs.removed {
+			if role, ok := strings.CutPrefix(name, rec.ID+"."); ok {
+				got = append(got, role)
 			}
 		}
+		left := 0
+		for name := range fs.fds {
+			if strings.HasPrefix(name, rec.ID+".") {
+				left++
+			}
+		}
+		fs.mu.Unlock()
+		sort.Strings(got)
+		want := strings.Fields(tt.want)
+		sort.Strings(want)
 		if strings.Join(got, " ") != strings.Join(want, " ") || left != 0 {
 			t.Errorf("%v: removed %v, want %v each once; %d left in the store", tt.p.Argv, got, want, left)
 		}

@@ -105,6 +105,9 @@ func (r *Reactor) retryDirty() {
 	r.retry = nil
 	for e := range r.dirty {
 		delete(r.dirty, e)
+		if e.state == api.StateExited {
+			r.releaseExit(e) // this write is the held record's (hold.go)
+		}
 		rec := r.snapshot(e)
 		var outs []store.Output
 		if e.state == api.StateCleaned {

@@ -113,16 +113,20 @@ func (r *Reactor) quiet() (bool, string) {
 	case len(r.dirty) > 0:
 		return false, fmt.Sprintf("%d records not durable yet", len(r.dirty))
 	}
+	held := ""
 	for _, e := range r.execs {
 		// One being cleaned up need not hold the handover: its record is
 		// exited, and the next image cleans it up again (idempotent).
 		if e.state == api.StateStarted {
 			return false, "execution " + e.id + " is starting"
 		}
-		if e.exitHeld { // its record is not exited yet: write it first
+		if e.exitHeld { // its record is not exited yet: write it, and every other held one, now
 			r.flushExit(e)
-			return false, "execution " + e.id + " has its exited record held"
+			held = e.id
 		}
+	}
+	if held != "" {
+		return false, "execution " + held + " had its exited record held"
 	}
 	return true, ""
 }

@@ -38,10 +38,16 @@ var holdExitMax = 5 * time.Millisecond
 // mayHoldExit reports whether e's exited record, just made, may wait for
 // the cleaned one: nobody follows e, exec.start's answer is not waiting for
 // this record (it waits for the running record's write, in flight, or was
-// sent), and no exec.cancel answer waits for a durable state. Loop only.
+// sent), no exec.cancel answer waits for a durable state, and none of e's
+// fds is parked in systemd's fd store: those leave the store once the
+// outcome is durable, which must come before `cleaned` is told (a held exit
+// made it the cleaned commit's follow-up, after exec.wait's answer), and a
+// crash meanwhile without PIDFD_INFO_EXIT would end the execution lost.
+// Under systemd the scope's stop outlasts holdExitMax anyway. Loop only.
 func (r *Reactor) mayHoldExit(e *execution) bool {
 	return holdExitMax > 0 && len(e.followers) == 0 && len(e.cancelAcks) == 0 &&
-		(e.startAck == nil || e.persisting > 0) && e.prev != api.StateStarted
+		(e.startAck == nil || e.persisting > 0) && e.prev != api.StateStarted &&
+		len(e.parked) == 0
 }
 
 // holdExit starts e's cleanup with its exited record held: the record is

@@ -233,3 +233,55 @@ func TestFollowerOfAHeldExitToldOnceDurable(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldExitToldOnlyOnceDurable: while an exit is held (nobody follows,
+// the cleanup under way), the answers that tell a state — an idempotent
+// exec.start, exec.wait's timeout answer, exec.cancel — tell no state the
+// store lacks: each writes the held record first. Before, the first two
+// answered exited while the store had running (review of aa11af8). exec.get
+// is answered from memory by design and is not checked here.
+func TestHeldExitToldOnlyOnceDurable(t *testing.T) {
+	for _, hold := range []time.Duration{time.Minute, 5 * time.Millisecond} {
+		t.Run(hold.String(), func(t *testing.T) {
+			old := holdExitMax
+			holdExitMax = hold
+			t.Cleanup(func() { holdExitMax = old })
+			st := &logStore{Store: store.NewMemory()}
+			b := newStuckBackend()
+			tr := newTestReactor(t, func(c *Config) { c.Store = st; c.Backend = b })
+			t.Cleanup(b.Release)
+			ctx := context.Background()
+			p := api.StartParams{Cwd: "/", Argv: []string{"true"}, ID: "held-exit-idempotent"}
+			rec, err := tr.Start(ctx, root, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-b.removing // exited, its record held, the removal stuck
+			stored := func() api.State { s, _, _ := st.Get(rec.ID); return s.State }
+			again, err := tr.Start(ctx, root, p)
+			if err != nil {
+				t.Fatalf("idempotent exec.start: %v", err)
+			}
+			if s := stored(); again.State != api.StateExited || again.State > s {
+				t.Errorf("idempotent exec.start answered %v while the store has %v; want exited, durable", again.State, s)
+			}
+			zero := int64(0)
+			w, err := tr.Wait(ctx, root, api.WaitParams{ID: rec.ID, TimeoutMS: &zero})
+			if err != nil {
+				t.Fatalf("exec.wait timeout_ms 0: %v", err)
+			}
+			if s := stored(); w.State > s {
+				t.Errorf("exec.wait's timeout answer is %v while the store has %v", w.State, s)
+			}
+			c, err := tr.Cancel(ctx, root, api.CancelParams{ID: rec.ID})
+			if err != nil {
+				t.Fatalf("exec.cancel: %v", err)
+			}
+			if s := stored(); c.State > s {
+				t.Errorf("exec.cancel answered %v while the store has %v", c.State, s)
+			}
+			b.Release()
+			tr.wait(rec.ID)
+		})
+	}
+}

@@ -75,8 +75,26 @@ func (r *Reactor) StartEncoded(ctx context.Context, caller api.Owner, p api.Star
 	// Not ctx: create runs on the loop once posted, whether or not the
 	// client is still there; giving up on it here would leave an execution
 	// registered in state started that nothing ever spawns or ends.
-	if err := r.onLoop(context.Background(), func() { e, rec, old, err = r.create(caller, p, prior) }); err != nil {
+	var durable <-chan api.Record
+	if err := r.onLoop(context.Background(), func() {
+		e, rec, old, err = r.create(caller, p, prior)
+		if err == nil && old {
+			if x, ok := r.execs[p.ID]; ok {
+				durable = r.whenCommitted(x, x.state) // told only once durable (a held exit is written now)
+			}
+		}
+	}); err != nil {
 		return api.Record{}, nil, err
+	}
+	if err == nil && old && durable != nil {
+		select {
+		case got, ok := <-durable:
+			if ok {
+				rec = got
+			}
+		case <-ctx.Done():
+			return api.Record{}, nil, ctx.Err()
+		}
 	}
 	if err != nil || old {
 		return rec, nil, err
@@ -287,10 +305,22 @@ func (r *Reactor) WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitP
 		err = ctx.Err()
 	}
 	cur := rec
+	var durable <-chan api.Record
 	_ = r.onLoop(context.Background(), func() {
 		delete(e.waiters, ch)
 		cur = r.snapshot(e)
+		durable = r.whenCommitted(e, e.state) // told only once durable (a held exit is written now)
 	})
+	if durable != nil && err == nil {
+		select {
+		case got, ok := <-durable:
+			if ok {
+				cur = got
+			}
+		case <-ctx.Done():
+			return api.Record{}, nil, ctx.Err()
+		}
+	}
 	return cur, nil, err
 }
 
