@@ -78,25 +78,17 @@ func (r *Reactor) StartEncoded(ctx context.Context, caller api.Owner, p api.Star
 	var durable <-chan api.Record
 	if err := r.onLoop(context.Background(), func() {
 		e, rec, old, err = r.create(caller, p, prior)
-		if err == nil && old {
-			if x, ok := r.execs[p.ID]; ok {
-				durable = r.whenCommitted(x, x.state) // told only once durable (a held exit is written now)
-			}
+		if err == nil && old && e != nil {
+			durable = r.whenCommitted(e, e.state) // told only once durable (a held exit is written now)
 		}
 	}); err != nil {
 		return api.Record{}, nil, err
 	}
-	if err == nil && old && durable != nil {
-		select {
-		case got, ok := <-durable:
-			if ok {
-				rec = got
-			}
-		case <-ctx.Done():
-			return api.Record{}, nil, ctx.Err()
-		}
+	if err != nil {
+		return rec, nil, err
 	}
-	if err != nil || old {
+	if old {
+		rec, err = awaitDurable(ctx, durable, rec)
 		return rec, nil, err
 	}
 	// The record is durable before the child is forked: no execution can
@@ -133,11 +125,13 @@ func (r *Reactor) StartEncoded(ctx context.Context, caller api.Owner, p api.Star
 }
 
 // create registers a new execution in state started, or finds the one with
-// the same idempotency key. Loop goroutine only.
+// the same idempotency key (old: its record, and the execution itself when
+// it is still in memory, else nil). Loop goroutine only.
 func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record) (*execution, api.Record, bool, error) {
 	if p.ID != "" {
 		var found *api.Record
-		if old, ok := r.execs[p.ID]; ok {
+		old, ok := r.execs[p.ID]
+		if ok {
 			rec := r.snapshot(old)
 			found = &rec
 		} else if prior != nil {
@@ -150,7 +144,7 @@ func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record)
 			if !slices.Equal(found.Argv, p.Argv) {
 				return nil, api.Record{}, false, api.Errorf(api.CodeIdempotency, "id: %q was started with a different argv", p.ID)
 			}
-			return nil, *found, true, nil
+			return old, *found, true, nil
 		}
 	}
 	if r.cfg.MaxRunning > 0 && r.running >= r.cfg.MaxRunning {
@@ -311,17 +305,30 @@ func (r *Reactor) WaitEncoded(ctx context.Context, caller api.Owner, p api.WaitP
 		cur = r.snapshot(e)
 		durable = r.whenCommitted(e, e.state) // told only once durable (a held exit is written now)
 	})
-	if durable != nil && err == nil {
-		select {
-		case got, ok := <-durable:
-			if ok {
-				cur = got
-			}
-		case <-ctx.Done():
-			return api.Record{}, nil, ctx.Err()
-		}
+	if err != nil {
+		return cur, nil, err
 	}
+	cur, err = awaitDurable(ctx, durable, cur)
 	return cur, nil, err
+}
+
+// awaitDurable is the record an answer may tell: the one durable (from
+// whenCommitted's channel ch, nil when cur is durable already) or cur when
+// ch closes without one (the execution was dropped). Any goroutine but the
+// loop's.
+func awaitDurable(ctx context.Context, ch <-chan api.Record, cur api.Record) (api.Record, error) {
+	if ch == nil {
+		return cur, nil
+	}
+	select {
+	case got, ok := <-ch:
+		if ok {
+			return got, nil
+		}
+		return cur, nil
+	case <-ctx.Done():
+		return api.Record{}, ctx.Err()
+	}
 }
 
 // Cancel implements exec.cancel; idempotent. The answer waits until the
