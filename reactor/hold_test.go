@@ -3,6 +3,7 @@ package reactor
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,10 +97,39 @@ func (s *stuckScope) Remove() error {
 // writeExitsAtOnce makes the reactors t starts next write every exited
 // record at once, unheld, for the tests of what that record carries; call
 // it before newTestReactor (the reactor tests run one at a time).
-func writeExitsAtOnce(t *testing.T) {
+func writeExitsAtOnce(t *testing.T) { holdExitsFor(t, 0) }
+
+// holdExitsFor sets holdExitMax to d for the reactors t starts next, as
+// writeExitsAtOnce does for 0.
+func holdExitsFor(t *testing.T, d time.Duration) {
 	old := holdExitMax
-	holdExitMax = 0
+	holdExitMax = d
 	t.Cleanup(func() { holdExitMax = old }) // after the reactor's shutdown
+}
+
+// stuckReactor is a reactor over st whose scopes' removal hangs until
+// b.Release.
+func stuckReactor(t *testing.T, st store.Store) (*testReactor, *stuckBackend) {
+	b := newStuckBackend()
+	tr := newTestReactor(t, func(c *Config) { c.Store = st; c.Backend = b })
+	t.Cleanup(b.Release) // before the reactor's shutdown
+	return tr, b
+}
+
+// startToStuckRemoval starts p on tr and returns once its cleanup began
+// the scope's removal, which hangs (stuckReactor).
+func startToStuckRemoval(t *testing.T, ctx context.Context, tr *testReactor, b *stuckBackend, p api.StartParams) api.Record {
+	t.Helper()
+	rec, err := tr.Start(ctx, root, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.removing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("cleanup did not begin the scope's removal within 10s")
+	}
+	return rec
 }
 
 // TestExitHeldForTheCleanedRecord: an execution nobody follows, whose
@@ -108,9 +138,7 @@ func writeExitsAtOnce(t *testing.T) {
 // own is queued (hold.go). Before, every execution wrote exited too, one
 // commit more between the exit and exec.wait's answer.
 func TestExitHeldForTheCleanedRecord(t *testing.T) {
-	old := holdExitMax
-	holdExitMax = time.Minute // a cleanup slowed by a loaded host is still merged
-	t.Cleanup(func() { holdExitMax = old })
+	holdExitsFor(t, time.Minute) // a cleanup slowed by a loaded host is still merged
 	st := &logStore{Store: store.NewMemory()}
 	tr := newTestReactor(t, func(c *Config) { c.Store = st })
 	rec := tr.run(api.StartParams{Cwd: "/", Argv: []string{"true"}})
@@ -133,18 +161,8 @@ func TestExitHeldForTheCleanedRecord(t *testing.T) {
 // left for the cleaned one: the outcome is durable though cleaned is not.
 func TestHeldExitWrittenWhenCleanupIsSlow(t *testing.T) {
 	st := &logStore{Store: store.NewMemory()}
-	b := newStuckBackend()
-	tr := newTestReactor(t, func(c *Config) { c.Store = st; c.Backend = b })
-	t.Cleanup(b.Release) // before the reactor's shutdown
-	rec, err := tr.Start(context.Background(), root, api.StartParams{Cwd: "/", Argv: []string{"true"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-b.removing:
-	case <-time.After(10 * time.Second):
-		t.Fatal("cleanup did not begin the scope's removal within 10s")
-	}
+	tr, b := stuckReactor(t, st)
+	rec := startToStuckRemoval(t, context.Background(), tr, b, api.StartParams{Cwd: "/", Argv: []string{"true"}})
 	deadline := time.Now().Add(10 * time.Second)
 	for !st.wrote(rec.ID, api.StateExited) {
 		if time.Now().After(deadline) {
@@ -166,24 +184,12 @@ func TestHeldExitWrittenWhenCleanupIsSlow(t *testing.T) {
 // store, and then of cleaned: holding a record nobody was told of never
 // shows a client a state the store does not have.
 func TestFollowerOfAHeldExitToldOnceDurable(t *testing.T) {
-	old := holdExitMax
-	holdExitMax = time.Minute // the hold outlasts the follow
-	t.Cleanup(func() { holdExitMax = old })
+	holdExitsFor(t, time.Minute) // the hold outlasts the follow
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st := &logStore{Store: store.NewMemory()}
-	b := newStuckBackend()
-	tr := newTestReactor(t, func(c *Config) { c.Store = st; c.Backend = b })
-	t.Cleanup(b.Release)
-	rec, err := tr.Start(ctx, root, api.StartParams{Cwd: "/", Argv: []string{"true"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-b.removing:
-	case <-time.After(10 * time.Second):
-		t.Fatal("cleanup did not begin the scope's removal within 10s")
-	}
+	tr, b := stuckReactor(t, st)
+	rec := startToStuckRemoval(t, ctx, tr, b, api.StartParams{Cwd: "/", Argv: []string{"true"}})
 	if st.wrote(rec.ID, api.StateExited) {
 		t.Fatalf("exited written although nobody follows and the hold is a minute: %v", st.of(rec.ID))
 	}
@@ -236,49 +242,63 @@ func TestFollowerOfAHeldExitToldOnceDurable(t *testing.T) {
 
 // TestHeldExitToldOnlyOnceDurable: while an exit is held (nobody follows,
 // the cleanup under way), the answers that tell a state — an idempotent
-// exec.start, exec.wait's timeout answer, exec.cancel — tell no state the
-// store lacks: each writes the held record first. Before, the first two
-// answered exited while the store had running (review of aa11af8). exec.get
-// is answered from memory by design and is not checked here.
+// exec.start, exec.wait's timeout answer, exec.cancel — tell exited only
+// once its record is durable: each writes the held record and waits for
+// the store's answer, which this store keeps back until it is let go.
+// Before, the first two answered exited at once while the store had running
+// (review of aa11af8). exec.get is answered from memory by design and is
+// not checked here.
 func TestHeldExitToldOnlyOnceDurable(t *testing.T) {
 	for _, hold := range []time.Duration{time.Minute, 5 * time.Millisecond} {
 		t.Run(hold.String(), func(t *testing.T) {
-			old := holdExitMax
-			holdExitMax = hold
-			t.Cleanup(func() { holdExitMax = old })
-			st := &logStore{Store: store.NewMemory()}
-			b := newStuckBackend()
-			tr := newTestReactor(t, func(c *Config) { c.Store = st; c.Backend = b })
-			t.Cleanup(b.Release)
+			holdExitsFor(t, hold)
+			st := &heldExitStore{Store: store.NewMemory(), release: make(chan struct{}), cleaned: make(chan string, 1)}
+			var let sync.Once
+			letGo := func() { let.Do(func() { close(st.release) }) }
+			tr, b := stuckReactor(t, st)
+			t.Cleanup(letGo) // before the reactor's shutdown
 			ctx := context.Background()
 			p := api.StartParams{Cwd: "/", Argv: []string{"true"}, ID: "held-exit-idempotent"}
-			rec, err := tr.Start(ctx, root, p)
-			if err != nil {
-				t.Fatal(err)
+			rec := startToStuckRemoval(t, ctx, tr, b, p) // exited, its record held
+
+			type answer struct {
+				what  string
+				rec   api.Record
+				err   error
+				early bool // came before the exited record's commit was let go
 			}
-			<-b.removing // exited, its record held, the removal stuck
-			stored := func() api.State { s, _, _ := st.Get(rec.ID); return s.State }
-			again, err := tr.Start(ctx, root, p)
-			if err != nil {
-				t.Fatalf("idempotent exec.start: %v", err)
-			}
-			if s := stored(); again.State != api.StateExited || again.State > s {
-				t.Errorf("idempotent exec.start answered %v while the store has %v; want exited, durable", again.State, s)
-			}
-			zero := int64(0)
-			w, err := tr.Wait(ctx, root, api.WaitParams{ID: rec.ID, TimeoutMS: &zero})
-			if err != nil {
-				t.Fatalf("exec.wait timeout_ms 0: %v", err)
-			}
-			if s := stored(); w.State > s {
-				t.Errorf("exec.wait's timeout answer is %v while the store has %v", w.State, s)
+			var durable atomic.Bool
+			answers := make(chan answer, 2)
+			go func() {
+				got, err := tr.Start(ctx, root, p)
+				answers <- answer{"idempotent exec.start", got, err, !durable.Load()}
+			}()
+			go func() {
+				zero := int64(0)
+				got, err := tr.Wait(ctx, root, api.WaitParams{ID: rec.ID, TimeoutMS: &zero})
+				answers <- answer{"exec.wait's timeout answer", got, err, !durable.Load()}
+			}()
+			time.Sleep(50 * time.Millisecond) // an answer that does not wait comes within this
+			durable.Store(true)
+			letGo()
+			for range 2 {
+				select {
+				case a := <-answers:
+					switch {
+					case a.err != nil:
+						t.Errorf("%s: %v", a.what, a.err)
+					case a.early && a.rec.State >= api.StateExited:
+						t.Errorf("%s told %v before its record was durable", a.what, a.rec.State)
+					case a.rec.State != api.StateExited:
+						t.Errorf("%s told %v, want exited", a.what, a.rec.State)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("no answer within 10s of the exited record's commit")
+				}
 			}
 			c, err := tr.Cancel(ctx, root, api.CancelParams{ID: rec.ID})
-			if err != nil {
-				t.Fatalf("exec.cancel: %v", err)
-			}
-			if s := stored(); c.State > s {
-				t.Errorf("exec.cancel answered %v while the store has %v", c.State, s)
+			if err != nil || c.State != api.StateExited {
+				t.Errorf("exec.cancel = %v, %v; want exited, durable by now", c.State, err)
 			}
 			b.Release()
 			tr.wait(rec.ID)
