@@ -40,6 +40,22 @@ type Owner struct {
 	UID uint32 `json:"uid"`
 	GID uint32 `json:"gid"`
 	PID int32  `json:"pid"`
+
+	// Netns is the peer's network namespace, resolved once when corrald
+	// accepted its connection (ipc); nil for an Owner that did not come
+	// from an accept (a record's, an in-process caller's). It is never
+	// encoded, and the reactor does not keep it in an execution or its
+	// record: records and their comparisons are as without it. A pointer,
+	// so that Owner stays comparable with == whatever error it holds.
+	Netns *NetNS `json:"-"`
+}
+
+// NetNS is a peer's network namespace as resolved at accept: the
+// namespace's inode number (the N of /proc/<pid>/ns/net's "net:[N]"), or
+// why it could not be established.
+type NetNS struct {
+	Ino uint64 // 0 when Err is set
+	Err error  // why the namespace is unknown; nil when Ino is set
 }
 
 // Usage is resource usage of an execution. CPU times are of the whole tree

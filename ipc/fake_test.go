@@ -20,8 +20,14 @@ import (
 	"github.com/corral-dev/corral/tests/testenv"
 )
 
-// TestMain fails the package when fds or goroutines outlive the tests.
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+// TestMain fails the package when fds or goroutines outlive the tests. The
+// test binary is also the child some tests start (connectHelperEnv).
+func TestMain(m *testing.M) {
+	if path := os.Getenv(connectHelperEnv); path != "" {
+		os.Exit(connectHelper(path))
+	}
+	os.Exit(testenv.Main(m))
+}
 
 // fakeService answers from memory. Behaviour is chosen by the id:
 //
@@ -70,6 +76,16 @@ func (f *fakeService) record(caller api.Owner) {
 	f.mu.Lock()
 	f.callers = append(f.callers, caller)
 	f.mu.Unlock()
+}
+
+// lastCaller is the caller of the latest call.
+func (f *fakeService) lastCaller() api.Owner {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.callers) == 0 {
+		return api.Owner{}
+	}
+	return f.callers[len(f.callers)-1]
 }
 
 func (f *fakeService) byID(caller api.Owner, id string) (api.Record, error) {

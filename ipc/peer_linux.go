@@ -9,28 +9,39 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/internal/peerns"
 )
 
 // peerCred reads the connecting process's identity with SO_PEERCRED. The
 // kernel records it at connect(2), so it cannot be changed by the peer later.
+// The peer's network namespace is resolved here too, once, through a pidfd
+// of the process that connected (peerns): exec.start decides on it for the
+// connection's lifetime, and never reads /proc/<pid> again, where the pid
+// may by then be another process's. A namespace that cannot be established
+// is recorded as unknown (Owner.Netns.Err), not as a failed accept: the
+// caller can still be served, without the host's network.
 func peerCred(nc *net.UnixConn) (api.Owner, error) {
 	rc, err := nc.SyscallConn()
 	if err != nil {
 		return api.Owner{}, fmt.Errorf("peer credentials: %w", err)
 	}
 	var (
-		cred *unix.Ucred
-		serr error
+		cred  *unix.Ucred
+		serr  error
+		netns *api.NetNS
 	)
 	if err := rc.Control(func(fd uintptr) {
 		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if serr == nil {
+			netns = peerns.Peer(int(fd), cred.Pid)
+		}
 	}); err != nil {
 		return api.Owner{}, fmt.Errorf("peer credentials: %w", err)
 	}
 	if serr != nil {
 		return api.Owner{}, fmt.Errorf("peer credentials: %w", os.NewSyscallError("getsockopt SO_PEERCRED", serr))
 	}
-	return api.Owner{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid}, nil
+	return api.Owner{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid, Netns: netns}, nil
 }
 
 // hangupPoll is how often a half-closed connection is checked for the peer

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/internal/peerns"
 	"github.com/corral-dev/corral/tests/testenv"
 )
 
@@ -343,6 +344,15 @@ func TestPeerCredentialsReachService(t *testing.T) {
 	want := api.Owner{UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), PID: int32(os.Getpid())}
 	if rec.Owner != want {
 		t.Fatalf("caller = %+v, want %+v", rec.Owner, want)
+	}
+	// The network namespace resolved at accept reaches the service, and
+	// only it: the record's owner (encoded) has none.
+	self, err := peerns.Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns := f.lastCaller().Netns; ns == nil || ns.Err != nil || ns.Ino != self {
+		t.Errorf("caller's network namespace = %+v, want inode %d (this process's)", ns, self)
 	}
 }
 

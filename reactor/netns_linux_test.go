@@ -1,54 +1,105 @@
 package reactor
 
 import (
+	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
-	"time"
 
+	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/internal/peerns"
 	"github.com/corral-dev/corral/tests/testenv"
 )
 
-// A caller keeps the host's network only when its network namespace is
-// read and is the daemon's: one in another namespace, or one whose
-// namespace cannot be read, is given network "none".
+// A caller keeps the host's network only when its network namespace was
+// resolved at accept and is the daemon's: one resolved in another
+// namespace, or one whose namespace is unknown, is given network "none".
+// The decision is on the namespace resolved at accept, not on what the
+// caller's pid names now: a pid reused by a host-namespace process (here:
+// this process's pid) does not give the host's network to a caller that
+// connected from another namespace.
 func TestOtherNetnsFailsClosed(t *testing.T) {
-	if other, err := otherNetns(int32(os.Getpid())); other || err != nil {
-		t.Errorf("otherNetns(own pid) = %v, %v; want false, nil (the daemon's own namespace)", other, err)
+	me := int32(os.Getpid())
+	if other, err := otherNetns(testCaller(0)); other || err != nil {
+		t.Errorf("otherNetns(caller resolved in the daemon's namespace) = %v, %v; want false, nil", other, err)
 	}
-	if other, err := otherNetns(0); other || err != nil {
-		t.Errorf("otherNetns(0) = %v, %v; want false, nil (an in-process caller)", other, err)
+	if other, err := otherNetns(api.Owner{}); other || err != nil {
+		t.Errorf("otherNetns(in-process caller) = %v, %v; want false, nil", other, err)
+	}
+	if other, err := otherNetns(api.Owner{PID: me}); !other || !errors.Is(err, errNetnsUnresolved) {
+		t.Errorf("otherNetns(caller with a live host-namespace pid, nothing resolved) = %v, %v; want true, %v", other, err, errNetnsUnresolved)
+	}
+	unknown := &api.NetNS{Err: os.ErrNotExist}
+	if other, err := otherNetns(api.Owner{PID: me, Netns: unknown}); !other || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("otherNetns(caller whose namespace was unknown at accept, its pid now a host-namespace process) = %v, %v; want true, ENOENT", other, err)
+	}
+	if other, err := otherNetns(api.Owner{Netns: unknown}); !other || err == nil {
+		t.Errorf("otherNetns(pid 0 peer, namespace unknown) = %v, %v; want true and an error (not an in-process caller)", other, err)
 	}
 	gone := exec.Command("/bin/true")
 	if err := gone.Run(); err != nil {
 		t.Fatalf("run /bin/true: %v", err)
 	}
-	if other, err := otherNetns(int32(gone.Process.Pid)); !other || !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("otherNetns(reaped pid %d) = %v, %v; want true (a caller whose namespace cannot be read kept the host's network), ENOENT",
-			gone.Process.Pid, other, err)
+	if other, err := otherNetns(api.Owner{PID: int32(gone.Process.Pid), Netns: peerns.Process(gone.Process.Pid)}); !other || err == nil {
+		t.Errorf("otherNetns(caller resolved after it was reaped) = %v, %v; want true and an error", other, err)
 	}
 	testenv.SkipRoot(t, "a new network namespace needs root")
-	in := exec.Command("unshare", "--net", "sleep", "30")
+	in := exec.Command("sleep", "30")
+	in.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	if err := in.Start(); err != nil {
-		t.Fatalf("start unshare --net sleep: %v", err)
+		t.Fatalf("start sleep in a new network namespace: %v", err)
 	}
 	t.Cleanup(func() {
 		_ = in.Process.Kill()
 		_ = in.Wait()
 	})
-	// unshare execs sleep once the namespace is made: wait for that.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", in.Process.Pid)); string(b) == "sleep\n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("unshare --net did not exec sleep within 10s")
-		}
+	ns := peerns.Process(in.Process.Pid)
+	if ns.Err != nil {
+		t.Fatalf("resolve the child's network namespace: %v", ns.Err)
 	}
-	if other, err := otherNetns(int32(in.Process.Pid)); !other || err != nil {
-		t.Errorf("otherNetns(pid in a new network namespace) = %v, %v; want true, nil", other, err)
+	if other, err := otherNetns(api.Owner{PID: int32(in.Process.Pid), Netns: ns}); !other || err != nil {
+		t.Errorf("otherNetns(caller in a new network namespace) = %v, %v; want true, nil", other, err)
+	}
+	if other, err := otherNetns(api.Owner{PID: me, Netns: ns}); !other || err != nil {
+		t.Errorf("otherNetns(caller resolved in a new network namespace, its pid now a host-namespace process) = %v, %v; want true, nil", other, err)
+	}
+}
+
+// Start gives network "none" to a caller resolved at accept in another
+// namespace though its pid now names a host-namespace process (this one's,
+// as a reused pid would), and the host's to one resolved in the daemon's;
+// the resolved namespace is not kept in the record.
+func TestStartDecidesOnTheNamespaceResolvedAtAccept(t *testing.T) {
+	tr := newTestReactor(t, nil)
+	in := exec.Command("sleep", "30")
+	in.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	if err := in.Start(); err != nil {
+		t.Fatalf("start sleep in a new network namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = in.Process.Kill()
+		_ = in.Wait()
+	})
+	reused := root
+	reused.Netns = peerns.Process(in.Process.Pid)
+	for _, tc := range []struct {
+		name    string
+		caller  api.Owner
+		network string
+	}{
+		{"resolved in the daemon's namespace", root, "host"},
+		{"resolved in another namespace, pid reused", reused, "none"},
+	} {
+		rec, err := tr.Start(context.Background(), tc.caller, api.StartParams{Argv: []string{"true"}, Network: "host"})
+		if err != nil {
+			t.Fatalf("%s: Start = %v", tc.name, err)
+		}
+		if rec.Network != tc.network || rec.Owner.Netns != nil {
+			t.Errorf("%s: record network %q, owner's namespace %+v; want %q, nil", tc.name, rec.Network, rec.Owner.Netns, tc.network)
+		}
+		tr.wait(rec.ID)
 	}
 }
 
@@ -57,20 +108,20 @@ func TestOtherNetnsFailsClosed(t *testing.T) {
 func TestSelfNetnsKeepsOnlyASuccessfulRead(t *testing.T) {
 	reads := 0
 	results := []error{os.ErrPermission, nil, os.ErrNotExist}
-	c := netnsCache{read: func() (string, error) {
+	c := netnsCache{read: func() (uint64, error) {
 		err := results[reads]
 		reads++
 		if err != nil {
-			return "", err
+			return 0, err
 		}
-		return "net:[1]", nil
+		return 1, nil
 	}}
 	if ns, err := c.get(); !errors.Is(err, os.ErrPermission) {
-		t.Fatalf("get() after a failed read = %q, %v; want the read's error", ns, err)
+		t.Fatalf("get() after a failed read = %d, %v; want the read's error", ns, err)
 	}
 	for i := 0; i < 3; i++ {
-		if ns, err := c.get(); ns != "net:[1]" || err != nil {
-			t.Fatalf("get() #%d = %q, %v; want net:[1], nil (a failed read was kept)", i+2, ns, err)
+		if ns, err := c.get(); ns != 1 || err != nil {
+			t.Fatalf("get() #%d = %d, %v; want 1, nil (a failed read was kept)", i+2, ns, err)
 		}
 	}
 	if reads != 2 {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/internal/peerns"
 	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/shim"
 
@@ -86,13 +87,14 @@ func helper(name string) int {
 	return 99
 }
 
-// testCaller is an in-process caller of uid (and gid) uid. Its pid is this
-// test process's, as SO_PEERCRED would give it: Start reads the caller's
-// network namespace from /proc/<pid> (otherNetns), and a made-up pid is a
-// caller that is gone, or pid 1, which may be unreadable or in another
-// namespace where the tests run inside a harness's namespaces.
+// testCaller is an in-process caller of uid (and gid) uid, standing for a
+// peer connected from this test process: its pid is this process's, as
+// SO_PEERCRED would give it, and its network namespace is resolved as ipc
+// resolves a peer's at accept (peerns), so that Start (otherNetns) gives it
+// the host's network; a caller with a pid and no resolved namespace gets
+// network "none".
 func testCaller(uid uint32) api.Owner {
-	return api.Owner{UID: uid, GID: uid, PID: int32(os.Getpid())}
+	return api.Owner{UID: uid, GID: uid, PID: int32(os.Getpid()), Netns: peerns.Process(os.Getpid())}
 }
 
 var root = testCaller(0)

@@ -47,8 +47,8 @@ func (r *Reactor) StartEncoded(ctx context.Context, caller api.Owner, p api.Star
 	if p.Network != "none" {
 		// A caller without the host's network (itself in a network "none"
 		// execution) cannot get it back through corrald; nor can one
-		// whose namespace corrald cannot read.
-		other, err := otherNetns(caller.PID)
+		// whose namespace corrald could not establish at accept.
+		other, err := otherNetns(caller)
 		if err != nil {
 			r.log.Warn().Err(err).Int32("caller_pid", caller.PID).Msg("caller's network namespace unknown: network none")
 		}
@@ -158,6 +158,10 @@ func (r *Reactor) create(caller api.Owner, p api.StartParams, prior *api.Record)
 	if id == "" {
 		id = newID(now)
 	}
+	// The namespace resolved at accept served the network check; the
+	// execution and its record keep the credentials only, so a record is
+	// the same in memory as decoded from the store.
+	caller.Netns = nil
 	e := &execution{
 		id: id, owner: caller, params: p,
 		state: api.StateStarted, pidfd: -1,

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/internal/peerns"
 	"github.com/corral-dev/corral/scope"
 	"github.com/corral-dev/corral/shim"
 )
@@ -537,45 +538,56 @@ func (r *Reactor) withoutSocketGroup(groups []uint32) []uint32 {
 	return out
 }
 
-// otherNetns reports whether process pid lives in another network
-// namespace than the daemon (a caller inside a network "none" execution).
-// It fails closed: a caller whose namespace cannot be read (it is gone, or
-// /proc hides it), or a daemon that cannot read its own, counts as in
-// another one, so no failed read gives a caller the host's network; err
-// then says which read failed. pid 0 is an in-process caller (no peer).
-func otherNetns(pid int32) (bool, error) {
-	if pid == 0 {
+// otherNetns reports whether caller lives in another network namespace
+// than the daemon (a caller inside a network "none" execution). It decides
+// on caller.Netns, the namespace resolved when its connection was accepted
+// (ipc, peerns), never on /proc/<caller.PID>: that pid may have been
+// reused by another process since. It fails closed: a caller whose
+// namespace is unknown (it could not be resolved at accept, or was never
+// resolved though the caller has a pid), or a daemon that cannot read its
+// own, counts as in another one, so no failed read gives a caller the
+// host's network; err then says why. An in-process caller (no peer: pid 0,
+// nothing resolved) is in the daemon's.
+func otherNetns(caller api.Owner) (bool, error) {
+	if caller.Netns == nil && caller.PID == 0 {
 		return false, nil
 	}
 	mine, err := selfNetns.get()
 	if err != nil {
 		return true, err
 	}
-	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
-	if err != nil {
-		return true, fmt.Errorf("read the caller's network namespace: %w", err)
+	switch {
+	case caller.Netns == nil:
+		return true, errNetnsUnresolved
+	case caller.Netns.Err != nil:
+		return true, caller.Netns.Err
 	}
-	return mine != theirs, nil
+	return caller.Netns.Ino != mine, nil
 }
 
-// selfNetns is the daemon's own network namespace: corrald never changes
-// it (a shim enters a new one in its own process), so it is read once it
-// could be read. A failed read is not kept: the next call reads again.
-var selfNetns = netnsCache{read: func() (string, error) { return os.Readlink("/proc/self/ns/net") }}
+// errNetnsUnresolved is otherNetns's answer for a caller with a pid whose
+// namespace nothing resolved.
+var errNetnsUnresolved = errors.New("the caller's network namespace was not resolved at accept")
+
+// selfNetns is the daemon's own network namespace (its inode): corrald
+// never changes it (a shim enters a new one in its own process), so it is
+// read once it could be read. A failed read is not kept: the next call
+// reads again.
+var selfNetns = netnsCache{read: peerns.Self}
 
 // netnsCache keeps the first successful result of read. Any goroutine.
 type netnsCache struct {
-	read func() (string, error)
-	ns   atomic.Pointer[string]
+	read func() (uint64, error)
+	ns   atomic.Pointer[uint64]
 }
 
-func (c *netnsCache) get() (string, error) {
+func (c *netnsCache) get() (uint64, error) {
 	if ns := c.ns.Load(); ns != nil {
 		return *ns, nil
 	}
 	ns, err := c.read()
 	if err != nil {
-		return "", fmt.Errorf("read the daemon's network namespace: %w", err)
+		return 0, fmt.Errorf("read the daemon's network namespace: %w", err)
 	}
 	c.ns.Store(&ns)
 	return ns, nil
