@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -236,6 +237,9 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 	p.mu.Unlock()
 	bad := func(format string, args ...any) {
 		row.Wrong++
+		if !slices.Contains(row.WrongIDs, e.ID) {
+			row.WrongIDs = append(row.WrongIDs, e.ID)
+		}
 		row.Problems = append(row.Problems, fmt.Sprintf("%s (%s): ", e.ID, e.Kind)+fmt.Sprintf(format, args...))
 	}
 	for _, pr := range problems {
@@ -340,7 +344,8 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 	if e.Contains != nil {
 		for _, s := range e.Contains {
 			if !bytes.Contains(kept, []byte(s)) {
-				bad("terminal output %q lacks %q", kept, s)
+				bad("terminal output %q lacks %q (total_bytes %d, error %q, %dms from exited to cleaned)",
+					kept, s, total, strOr(rec.Error), msBetween(rec.ExitedAt, rec.CleanedAt))
 			}
 		}
 		return
@@ -463,6 +468,14 @@ func outcomeOf(r api.Record) api.Outcome {
 		return ""
 	}
 	return *r.Outcome
+}
+
+// msBetween is b - a in milliseconds, -1 when either is unknown.
+func msBetween(a, b *time.Time) int64 {
+	if a == nil || b == nil {
+		return -1
+	}
+	return b.Sub(*a).Milliseconds()
 }
 
 func strOr(p *string) string {

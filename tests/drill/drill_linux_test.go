@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -221,7 +222,36 @@ func (h *hostEnv) keepLog(run string) string {
 // phase runs one fault's drill on h's daemon.
 func phase(t *testing.T, h *hostEnv, cfg Config, tm Timing, name string, f Fault) Row {
 	t.Helper()
-	return RunPhase(cfg, tm, name, f, Checks{Socket: h.socket, Leftovers: h.leftovers(cfg.Run)})
+	row := RunPhase(cfg, tm, name, f, Checks{Socket: h.socket, Leftovers: h.leftovers(cfg.Run)})
+	for _, id := range row.WrongIDs[:min(len(row.WrongIDs), 5)] {
+		t.Logf("corrald log lines of %s:\n%s", id, h.logLinesOf(id, 40))
+	}
+	return row
+}
+
+// logLinesOf returns up to n lines of the env's corrald logs (every run's)
+// that name execution id: what the daemon did with a wrong one, which the
+// log's tail seldom shows.
+func (h *hostEnv) logLinesOf(id string, n int) string {
+	logs, _ := filepath.Glob(filepath.Join(h.dir, "corrald-*.log"))
+	needle := []byte(`"exec_id":"` + id + `"`)
+	var out []string
+	for _, p := range logs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			out = append(out, err.Error())
+			continue
+		}
+		for _, line := range bytes.Split(b, []byte("\n")) {
+			if bytes.Contains(line, needle) && len(out) < n {
+				out = append(out, filepath.Base(p)+": "+string(line))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "(none)"
+	}
+	return strings.Join(out, "\n")
 }
 
 func TestDrillHost(t *testing.T) {

@@ -51,6 +51,9 @@ type Row struct {
 	Recovery    time.Duration
 	InfoLatency time.Duration
 	Problems    []string
+	// WrongIDs are the executions counted in Wrong, for the daemon's log
+	// lines about them (the test prints those; not in the report).
+	WrongIDs []string `json:"-"`
 	// Skipped says why a fault could not be applied on this host or
 	// daemon (it is then reported, never silently dropped).
 	Skipped string
