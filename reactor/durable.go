@@ -137,7 +137,7 @@ func keptForStore(e *execution) []store.Output {
 			continue
 		}
 		outs = append(outs, store.Output{Stream: s.name, Kept: store.KeptOutput{
-			Head: append([]byte(nil), s.kept.head...), Tail: s.kept.tailBytes(),
+			Head: append([]byte(nil), s.kept.head...), Tail: s.kept.tailCopy(),
 			TailOffset: s.kept.tailOffset(), Total: s.kept.total,
 		}})
 	}

@@ -60,7 +60,21 @@ func (k *keptOutput) write(p []byte) {
 	}
 }
 
-// tailBytes returns the tail in stream order.
+// tailCopy returns the tail in stream order in a slice of its own: what
+// leaves the loop (the store's writer encodes it later) must not alias the
+// ring, which the loop overwrites with the next output of a tree still
+// writing.
+func (k *keptOutput) tailCopy() []byte {
+	if len(k.tail) == 0 {
+		return nil
+	}
+	out := make([]byte, 0, len(k.tail))
+	out = append(out, k.tail[k.tpos:]...)
+	return append(out, k.tail[:k.tpos]...)
+}
+
+// tailBytes returns the tail in stream order; it may be the ring itself,
+// valid until the next write (loop goroutine only).
 func (k *keptOutput) tailBytes() []byte {
 	if len(k.tail) < k.half || k.tpos == 0 {
 		return k.tail

@@ -670,6 +670,31 @@ func TestOutputKeepsHeadAndTail(t *testing.T) {
 	}
 }
 
+// TestStoredOutputDoesNotAliasTheRing: the kept output handed to the store
+// (keptForStore, encoded later on the store's writer) stays what it was
+// when the record was made while the loop keeps writing: a tail ring that
+// one chunk filled (tpos 0) used to be handed over as is, and the next
+// write overwrote the store's copy.
+func TestStoredOutputDoesNotAliasTheRing(t *testing.T) {
+	for _, chunks := range [][]string{
+		{"HHHHHHHH", "abcdefgh"},        // one chunk fills the tail
+		{"HHHHHHHH", "abcd", "efgh"},    // filled by appends
+		{"HHHHHHHH", "abcdefgh", "ijk"}, // wrapped
+	} {
+		e := &execution{}
+		e.streams[0] = &stream{name: "stdout", kept: newKeptOutput(16)}
+		for _, c := range chunks {
+			e.streams[0].kept.write([]byte(c))
+		}
+		outs := keptForStore(e)
+		before := string(outs[0].Kept.Tail)
+		e.streams[0].kept.write([]byte("XYZW"))
+		if got := string(outs[0].Kept.Tail); got != before {
+			t.Errorf("after %q: the stored tail changed from %q to %q with the next write", chunks, before, got)
+		}
+	}
+}
+
 func TestNetworkNone(t *testing.T) {
 	tr := newTestReactor(t, nil)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
