@@ -109,10 +109,7 @@ func (r *Reactor) retryDirty() {
 			r.releaseExit(e) // this write is the held record's (hold.go)
 		}
 		rec := r.snapshot(e)
-		var outs []store.Output
-		if e.state == api.StateCleaned {
-			outs = keptForStore(e)
-		}
+		outs := r.recordOutputs(e)
 		r.persist(e, e.prev, rec, func(ok bool, _ []byte) {
 			if ok {
 				r.durableAs(e, rec.State)
@@ -123,6 +120,20 @@ func (r *Reactor) retryDirty() {
 			}
 		}, outs...)
 	}
+}
+
+// recordOutputs is the kept output that goes with e's record in its
+// current state, in the same commit: all of it with cleaned (the store
+// answers for the output from then on), and with exited where no spool
+// keeps it across a crash: a crash before cleaned would otherwise leave an
+// outcome with none of the output behind it (found by tests/drill, kill-9).
+// The first write of a record and a retry of it (retryDirty) take the same.
+// Loop goroutine only.
+func (r *Reactor) recordOutputs(e *execution) []store.Output {
+	if e.state == api.StateCleaned || e.state == api.StateExited && !r.spooling() {
+		return keptForStore(e)
+	}
+	return nil
 }
 
 // keptForStore is the kept output of e's streams as the store keeps it. A

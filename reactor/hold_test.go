@@ -2,6 +2,7 @@ package reactor
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -304,4 +305,48 @@ func TestHeldExitToldOnlyOnceDurable(t *testing.T) {
 			tr.wait(rec.ID)
 		})
 	}
+}
+
+// failExitOnce is a Memory store whose first exited transition fails
+// without writing (a full disk, for one commit).
+type failExitOnce struct {
+	store.Store
+	failed atomic.Bool
+}
+
+func (s *failExitOnce) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
+	if rec.State == api.StateExited && s.failed.CompareAndSwap(false, true) {
+		done(store.Result{Err: errors.New("disk full")})
+		return
+	}
+	s.Store.TransitionFunc(from, rec, done, outs...)
+}
+
+// TestRetriedExitKeepsTheOutput: an exited record whose write failed is
+// written again by the retry (retryDirty) with the kept output, as its
+// first write had it: without a spool, a crash of corrald before cleaned
+// would otherwise leave the outcome with none of the output (the retry
+// wrote the record alone).
+func TestRetriedExitKeepsTheOutput(t *testing.T) {
+	writeExitsAtOnce(t)
+	st := &failExitOnce{Store: store.NewMemory()}
+	tr, b := stuckReactor(t, st)
+	rec := startToStuckRemoval(t, context.Background(), tr, b, api.StartParams{Cwd: "/", Argv: []string{"echo", "kept before the exit"}})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stored, _, _ := st.Get(rec.ID)
+		if stored.State == api.StateExited {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exited record not rewritten within 10s of its failed write (stored state %v, failed %v)", stored.State, st.failed.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	out, ok, err := st.Output(rec.ID, "stdout")
+	if err != nil || !ok || string(out.Head) != "kept before the exit\n" {
+		t.Errorf("stored stdout with the retried exited record = %q (ok %v, err %v), want the kept output", out.Head, ok, err)
+	}
+	b.Release()
+	tr.wait(rec.ID)
 }

@@ -402,13 +402,7 @@ func (r *Reactor) commitExit(e *execution) {
 // writeExit queues e's exited record; observe: tell the observer of the
 // transition (not when holdExit did already). Loop goroutine only.
 func (r *Reactor) writeExit(e *execution, observe bool) {
-	// Without a spool the kept output so far goes with the exited record:
-	// a crash before cleaned would otherwise leave an outcome with none of
-	// the output behind it (found by tests/drill, kill-9).
-	var outs []store.Output
-	if !r.spooling() {
-		outs = keptForStore(e)
-	}
+	outs := r.recordOutputs(e)
 	rec := r.snapshot(e)
 	if observe {
 		r.observe(e, e.prev, &rec)
@@ -504,7 +498,7 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 		}
 		// Not durable: it stays in memory, answering clients, until a
 		// retry writes it (markDirty).
-	}, keptForStore(e)...)
+	}, r.recordOutputs(e)...)
 	if queued {
 		runtime.Gosched() // the writer runs here now, as after exited
 	}
