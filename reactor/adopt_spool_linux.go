@@ -121,8 +121,18 @@ func (r *Reactor) readOutput(s *stream) (int, error) {
 	}
 	m, err := unix.Pread(sp.fd, r.readBuf[:n], spoolHeader+sp.size)
 	if err != nil || int64(m) != n {
+		// The bytes left the pipe but cannot be read back: those not read
+		// are not kept (said here, once: the spool is abandoned and the
+		// pipe is read plainly from now on). Nothing read back is not the
+		// pipe's EOF: EINTR makes drain read again.
+		m = max(m, 0)
 		sp.err = fmt.Errorf("spool %s: read back %d of %d bytes: %v", sp.path, m, n, err)
-		return max(m, 0), nil
+		r.log.Error().Err(sp.err).Int64("lost_bytes", n-int64(m)).Str("stream", s.name).
+			Msg("spool: output could not be read back; those bytes are not kept")
+		if m == 0 {
+			return 0, unix.EINTR
+		}
+		return m, nil
 	}
 	sp.spliced = n
 	return m, nil

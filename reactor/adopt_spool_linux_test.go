@@ -5,6 +5,9 @@ import (
 	"math/rand"
 	"path/filepath"
 	"testing"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 // TestSpoolRebuildsKeptOutput: whatever was written, and however often the
@@ -65,5 +68,40 @@ func TestSpoolRebuildsKeptOutput(t *testing.T) {
 				t.Fatalf("after reopen: total %d want %d, err %v", again.total, k.total, err)
 			}
 		})
+	}
+}
+
+// TestSpoolReadBackFailureIsNotEOF: when the bytes spliced into the spool
+// cannot be read back (here a spool opened write-only), readOutput says so
+// and reads the pipe plainly from then on; it used to answer (0, nil),
+// which drain takes for the pipe's EOF: the stream was closed under a
+// child still writing (SIGPIPE) and its later output lost.
+func TestSpoolReadBackFailureIsNotEOF(t *testing.T) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	path := filepath.Join(t.TempDir(), "e.stdout")
+	wo, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(wo)
+	r := &Reactor{readBuf: make([]byte, 4096), log: zerolog.Nop()}
+	s := &stream{name: "stdout", fd: p[0], kept: newKeptOutput(1024), spool: &spool{path: path, fd: wo, half: 512}}
+	unix.Write(p[1], []byte("first"))
+	n, err := r.readOutput(s)
+	if n == 0 && err == nil {
+		t.Fatal("readOutput answered (0, nil), drain's EOF, for a pipe still open after a failed read back")
+	}
+	if s.spool.err == nil {
+		t.Error("the failed read back is not recorded on the spool")
+	}
+	unix.Write(p[1], []byte("second"))
+	n, err = r.readOutput(s)
+	if err != nil || string(r.readBuf[:n]) != "second" {
+		t.Errorf("next read = %q, %v; want the pipe's later output read plainly", r.readBuf[:n], err)
 	}
 }
