@@ -202,6 +202,12 @@ func (r *Reactor) closeTerminal(e *execution) {
 	unix.Close(t.fd)
 	t.fd = -1
 	t.buf = nil
+	// What a terminal's output came to when it closed: with the record's
+	// error ("cleanup forced") it tells a hang-up at EOF from one at
+	// cleanup (tests/drill once found a terminal's last line missing).
+	if out := e.streams[0]; out != nil {
+		r.log.Debug().Str("exec_id", e.id).Int64("output_bytes", out.kept.total).Str("state", e.state.String()).Msg("terminal closed")
+	}
 }
 
 // Resize implements exec.resize: TIOCSWINSZ on the terminal; the kernel
