@@ -113,6 +113,9 @@ func (r *Reactor) retryDirty() {
 		r.persist(e, e.prev, rec, func(ok bool, _ []byte) {
 			if ok {
 				r.durableAs(e, rec.State)
+				if rec.State == api.StateCleaned {
+					r.dropSpools(e) // the store holds the kept output now, as in toCleaned
+				}
 			}
 			r.committedAs(e, rec)
 			if ok && e.done && e.state == api.StateCleaned {
@@ -124,16 +127,29 @@ func (r *Reactor) retryDirty() {
 
 // recordOutputs is the kept output that goes with e's record in its
 // current state, in the same commit: all of it with cleaned (the store
-// answers for the output from then on), and with exited where no spool
-// keeps it across a crash: a crash before cleaned would otherwise leave an
-// outcome with none of the output behind it (found by tests/drill, kill-9).
+// answers for the output from then on), and with exited unless every
+// stream that carried bytes has a working spool keeping it across a crash:
+// a crash before cleaned would otherwise leave an outcome with none of the
+// output behind it (found by tests/drill, kill-9). A spool that could not
+// be opened, or was abandoned after a failed write, keeps nothing more.
 // The first write of a record and a retry of it (retryDirty) take the same.
 // Loop goroutine only.
 func (r *Reactor) recordOutputs(e *execution) []store.Output {
-	if e.state == api.StateCleaned || e.state == api.StateExited && !r.spooling() {
+	if e.state == api.StateCleaned || e.state == api.StateExited && !spooled(e) {
 		return keptForStore(e)
 	}
 	return nil
+}
+
+// spooled reports whether every stream of e that carried bytes has a
+// working spool.
+func spooled(e *execution) bool {
+	for _, s := range e.streams {
+		if s != nil && s.kept.total > 0 && (s.spool == nil || s.spool.err != nil) {
+			return false
+		}
+	}
+	return true
 }
 
 // keptForStore is the kept output of e's streams as the store keeps it. A

@@ -3,6 +3,8 @@ package reactor
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -307,15 +309,16 @@ func TestHeldExitToldOnlyOnceDurable(t *testing.T) {
 	}
 }
 
-// failExitOnce is a Memory store whose first exited transition fails
+// failOnce is a Memory store whose first transition to state st fails
 // without writing (a full disk, for one commit).
-type failExitOnce struct {
+type failOnce struct {
 	store.Store
+	st     api.State
 	failed atomic.Bool
 }
 
-func (s *failExitOnce) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
-	if rec.State == api.StateExited && s.failed.CompareAndSwap(false, true) {
+func (s *failOnce) TransitionFunc(from api.State, rec api.Record, done func(store.Result), outs ...store.Output) {
+	if rec.State == s.st && s.failed.CompareAndSwap(false, true) {
 		done(store.Result{Err: errors.New("disk full")})
 		return
 	}
@@ -329,7 +332,7 @@ func (s *failExitOnce) TransitionFunc(from api.State, rec api.Record, done func(
 // wrote the record alone).
 func TestRetriedExitKeepsTheOutput(t *testing.T) {
 	writeExitsAtOnce(t)
-	st := &failExitOnce{Store: store.NewMemory()}
+	st := &failOnce{Store: store.NewMemory(), st: api.StateExited}
 	tr, b := stuckReactor(t, st)
 	rec := startToStuckRemoval(t, context.Background(), tr, b, api.StartParams{Cwd: "/", Argv: []string{"echo", "kept before the exit"}})
 	deadline := time.Now().Add(10 * time.Second)
@@ -346,6 +349,93 @@ func TestRetriedExitKeepsTheOutput(t *testing.T) {
 	out, ok, err := st.Output(rec.ID, "stdout")
 	if err != nil || !ok || string(out.Head) != "kept before the exit\n" {
 		t.Errorf("stored stdout with the retried exited record = %q (ok %v, err %v), want the kept output", out.Head, ok, err)
+	}
+	b.Release()
+	tr.wait(rec.ID)
+}
+
+// storedStateIs waits up to 10 s for st's record id to be in state want.
+func storedStateIs(t *testing.T, st store.Store, id string, want api.State) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stored, _, _ := st.Get(id)
+		if stored.State == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record %s not %v within 10s (stored state %v)", id, want, stored.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRetriedCleanedDropsSpools: a cleaned record written by the retry
+// (its first write failed) closes and removes the execution's spools once
+// it is durable, as the first write does: the retry left both spool fds
+// open for the daemon's life and their files in the state directory.
+func TestRetriedCleanedDropsSpools(t *testing.T) {
+	writeExitsAtOnce(t)
+	dir := t.TempDir()
+	st := &failOnce{Store: store.NewMemory(), st: api.StateCleaned}
+	fs := &fakeFdStore{fds: map[string]int{}}
+	tr := newTestReactor(t, func(c *Config) { c.Store, c.FdStore, c.StateDir = st, fs, dir })
+	rec, err := tr.Start(context.Background(), root, api.StartParams{Cwd: "/", Argv: []string{"echo", "hi"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storedStateIs(t, st, rec.ID, api.StateCleaned)
+	if !st.failed.Load() {
+		t.Fatal("the cleaned write did not fail first")
+	}
+	// The retry's follow-up runs on the loop after the store's answer.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left, _ := filepath.Glob(filepath.Join(SpoolDir(dir), "*"))
+		open := spoolFdsOpen(dir)
+		if len(left) == 0 && len(open) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10s after the retried cleaned record: spool files %v, spool fds open %v", left, open)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// spoolFdsOpen lists this process's fds open on files of dir's spool
+// directory.
+func spoolFdsOpen(dir string) []string {
+	var open []string
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && filepath.Dir(l) == SpoolDir(dir) {
+			open = append(open, e.Name()+" -> "+l)
+		}
+	}
+	return open
+}
+
+// TestExitedWithoutAWorkingSpoolKeepsOutput: with spooling on but no spool
+// for this execution (its directory cannot be made), the exited record
+// carries the kept output, as without spooling: it used to go out with
+// none, and a crash before cleaned lost the output.
+func TestExitedWithoutAWorkingSpoolKeepsOutput(t *testing.T) {
+	writeExitsAtOnce(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(SpoolDir(dir), nil, 0o600); err != nil { // a file where the directory goes
+		t.Fatal(err)
+	}
+	st := store.NewMemory()
+	fs := &fakeFdStore{fds: map[string]int{}}
+	b := newStuckBackend()
+	tr := newTestReactor(t, func(c *Config) { c.Store, c.FdStore, c.StateDir, c.Backend = st, fs, dir, b })
+	t.Cleanup(b.Release)
+	rec := startToStuckRemoval(t, context.Background(), tr, b, api.StartParams{Cwd: "/", Argv: []string{"echo", "kept before the exit"}})
+	storedStateIs(t, st, rec.ID, api.StateExited)
+	out, ok, err := st.Output(rec.ID, "stdout")
+	if err != nil || !ok || string(out.Head) != "kept before the exit\n" {
+		t.Errorf("stored stdout with the exited record (no spool for it) = %q (ok %v, err %v), want the kept output", out.Head, ok, err)
 	}
 	b.Release()
 	tr.wait(rec.ID)
