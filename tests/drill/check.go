@@ -236,10 +236,7 @@ func (p *Phase) checkOne(ctx context.Context, c *ipc.Client, e *Exec, ch Checks,
 	problems := append([]string(nil), e.problems...)
 	p.mu.Unlock()
 	bad := func(format string, args ...any) {
-		row.Wrong++
-		if !slices.Contains(row.WrongIDs, e.ID) {
-			row.WrongIDs = append(row.WrongIDs, e.ID)
-		}
+		row.wrongID(e.ID)
 		row.Problems = append(row.Problems, fmt.Sprintf("%s (%s): ", e.ID, e.Kind)+fmt.Sprintf(format, args...))
 	}
 	for _, pr := range problems {
@@ -391,13 +388,13 @@ func (p *Phase) checkRecords(ctx context.Context, c *ipc.Client, byID map[string
 				continue
 			}
 			if byID[r.ID] == nil {
-				row.Wrong++
+				row.wrongID(r.ID)
 				row.Problems = append(row.Problems, fmt.Sprintf("exec.list shows %s, which the drill never started", r.ID))
 			}
 		}
 		for id, k := range seen {
 			if k > 1 {
-				row.Wrong++
+				row.wrongID(id)
 				row.Problems = append(row.Problems, fmt.Sprintf("%s has %d records", id, k))
 			}
 		}
@@ -517,4 +514,13 @@ func dialRetry(ctx context.Context, socket string, within time.Duration) (*ipc.C
 // daemon.info or within passes.
 func DialRetry(ctx context.Context, socket string, within time.Duration) (*ipc.Client, error) {
 	return dialRetry(ctx, socket, within)
+}
+
+// wrongID counts one wrong result of execution id and names id among the
+// row's wrong executions (once).
+func (row *Row) wrongID(id string) {
+	row.Wrong++
+	if !slices.Contains(row.WrongIDs, id) {
+		row.WrongIDs = append(row.WrongIDs, id)
+	}
 }
