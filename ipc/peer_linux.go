@@ -19,7 +19,11 @@ import (
 // connection's lifetime, and never reads /proc/<pid> again, where the pid
 // may by then be another process's. A namespace that cannot be established
 // is recorded as unknown (Owner.Netns.Err), not as a failed accept: the
-// caller can still be served, without the host's network.
+// caller can still be served, without the host's network. Except when the
+// daemon lacked a resource for it (fds, memory: peerns.Transient): that
+// answer would stand for the connection's lifetime though a later try
+// would succeed, so the accept fails instead (the connection is closed,
+// the client connects again), as a failed SO_PEERCRED read does.
 func peerCred(nc *net.UnixConn) (api.Owner, error) {
 	rc, err := nc.SyscallConn()
 	if err != nil {
@@ -33,7 +37,7 @@ func peerCred(nc *net.UnixConn) (api.Owner, error) {
 	if err := rc.Control(func(fd uintptr) {
 		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 		if serr == nil {
-			netns = peerns.Peer(int(fd), cred.Pid)
+			netns = resolveNetns(int(fd), cred.Pid)
 		}
 	}); err != nil {
 		return api.Owner{}, fmt.Errorf("peer credentials: %w", err)
@@ -41,8 +45,14 @@ func peerCred(nc *net.UnixConn) (api.Owner, error) {
 	if serr != nil {
 		return api.Owner{}, fmt.Errorf("peer credentials: %w", os.NewSyscallError("getsockopt SO_PEERCRED", serr))
 	}
+	if netns.Err != nil && peerns.Transient(netns.Err) {
+		return api.Owner{}, fmt.Errorf("peer's network namespace: %w", netns.Err)
+	}
 	return api.Owner{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid, Netns: netns}, nil
 }
+
+// resolveNetns is peerns.Peer; a variable for the tests that make it fail.
+var resolveNetns = peerns.Peer
 
 // hangupPoll is how often a half-closed connection is checked for the peer
 // having gone entirely.

@@ -3,6 +3,7 @@ package ipc
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/internal/peerns"
 	"github.com/corral-dev/corral/tests/testenv"
 )
@@ -124,4 +126,41 @@ func TestPeerNetnsResolvedAtAccept(t *testing.T) {
 		t.Fatalf("child: %v", err)
 	}
 	check("child exited and reaped")
+}
+
+// A namespace the daemon could not resolve for want of a resource (here
+// EMFILE, injected) fails the accept: the connection is closed, so the
+// client connects again instead of being served without the host network
+// for as long as it stays connected. An answer about the peer (EACCES) is
+// kept: that connection is served, without the host network.
+func TestTransientNetnsFailureClosesTheConnection(t *testing.T) {
+	for _, tc := range []struct {
+		errno  unix.Errno
+		served bool
+	}{{unix.EMFILE, false}, {unix.EACCES, true}} {
+		t.Run(tc.errno.Error(), func(t *testing.T) {
+			old := resolveNetns
+			resolveNetns = func(int, int32) *api.NetNS {
+				return &api.NetNS{Err: fmt.Errorf("network namespace: %w", os.NewSyscallError("ioctl", tc.errno))}
+			}
+			t.Cleanup(func() { resolveNetns = old })
+			f := newFake()
+			path, _ := startServer(t, f, nil)
+			c := dialClient(t, path)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := c.Get(ctx, "me")
+			if tc.served && err != nil {
+				t.Fatalf("exec.get on a connection whose namespace is unknown (%v): %v, want it served", tc.errno, err)
+			}
+			if !tc.served && err == nil {
+				t.Fatalf("exec.get answered on a connection accepted while the daemon lacked fds for its namespace; want it closed")
+			}
+			if tc.served {
+				if ns := f.lastCaller().Netns; ns == nil || !errors.Is(ns.Err, tc.errno) {
+					t.Errorf("caller's namespace = %+v, want unknown with %v", ns, tc.errno)
+				}
+			}
+		})
+	}
 }
