@@ -10,6 +10,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/internal/peerns"
+	"github.com/corral-dev/corral/internal/transient"
 )
 
 // peerCred reads the connecting process's identity with SO_PEERCRED. The
@@ -20,7 +21,7 @@ import (
 // may by then be another process's. A namespace that cannot be established
 // is recorded as unknown (Owner.Netns.Err), not as a failed accept: the
 // caller can still be served, without the host's network. Except when the
-// daemon lacked a resource for it (fds, memory: peerns.Transient): that
+// daemon lacked a resource for it (fds, memory: transient.Is): that
 // answer would stand for the connection's lifetime though a later try
 // would succeed, so the accept fails instead (the connection is closed,
 // the client connects again), as a failed SO_PEERCRED read does.
@@ -45,7 +46,7 @@ func peerCred(nc *net.UnixConn) (api.Owner, error) {
 	if serr != nil {
 		return api.Owner{}, fmt.Errorf("peer credentials: %w", os.NewSyscallError("getsockopt SO_PEERCRED", serr))
 	}
-	if netns.Err != nil && peerns.Transient(netns.Err) {
+	if netns.Err != nil && transient.Is(netns.Err) {
 		return api.Owner{}, fmt.Errorf("peer's network namespace: %w", netns.Err)
 	}
 	return api.Owner{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid, Netns: netns}, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/eventloop"
+	"github.com/corral-dev/corral/internal/transient"
 	"github.com/corral-dev/corral/scope"
 )
 
@@ -75,18 +76,6 @@ func retryDelay(fails int) time.Duration {
 	return min(d, retryMax)
 }
 
-// transient reports whether err is a lack of a resource that passes: out
-// of file descriptors (EMFILE, ENFILE), memory or buffers (ENOMEM,
-// ENOBUFS), EAGAIN, EINTR. Retrying such a failure is what cures it.
-func transient(err error) bool {
-	for _, errno := range []unix.Errno{unix.EMFILE, unix.ENFILE, unix.ENOMEM, unix.ENOBUFS, unix.EAGAIN, unix.EINTR} {
-		if errors.Is(err, errno) {
-			return true
-		}
-	}
-	return false
-}
-
 // killScope sends SIGKILL to every process of e's scope, off the loop (the
 // backend may need to open files or talk D-Bus), and records on the loop
 // whether it got through (scopeKilled). One at a time per execution.
@@ -124,11 +113,11 @@ func (r *Reactor) scopeKilled(e *execution, err error) {
 	e.killFails++
 	delay := retryDelay(e.killFails)
 	e.killNext = now.Add(delay)
-	if !transient(err) && e.killedAt.IsZero() {
+	if !transient.Is(err) && e.killedAt.IsZero() {
 		// Retrying may not cure it: --kill-wait bounds the wait from here.
 		e.killedAt = now
 	}
-	r.log.Warn().Err(err).Str("exec_id", e.id).Int("attempt", e.killFails).Bool("transient", transient(err)).
+	r.log.Warn().Err(err).Str("exec_id", e.id).Int("attempt", e.killFails).Bool("transient", transient.Is(err)).
 		Dur("retry_in", delay).Msg("kill tree failed; retrying while its scope is populated")
 }
 
@@ -238,7 +227,7 @@ func (r *Reactor) cleanupOverdue(e *execution, began time.Time, empty bool, empt
 	if empty {
 		return time.Since(began) > r.cfg.KillWait
 	}
-	if e.killedAt.IsZero() || transient(emptyErr) {
+	if e.killedAt.IsZero() || transient.Is(emptyErr) {
 		return false
 	}
 	from := began
@@ -409,9 +398,9 @@ func (r *Reactor) scopeRemoved(e *execution, leftover string, serr, werr error, 
 		e.removeFailedAt = now
 	}
 	r.flushExit(e) // a cleanup that retries is no quick one (hold.go)
-	if !e.survivors && (transient(err) || now.Sub(e.removeFailedAt) < r.cfg.KillWait) {
+	if !e.survivors && (transient.Is(err) || now.Sub(e.removeFailedAt) < r.cfg.KillWait) {
 		delay := retryDelay(e.removeFails)
-		r.log.Warn().Err(err).Str("exec_id", e.id).Int("attempt", e.removeFails).Bool("transient", transient(err)).
+		r.log.Warn().Err(err).Str("exec_id", e.id).Int("attempt", e.removeFails).Bool("transient", transient.Is(err)).
 			Dur("retry_in", delay).Msg("cleanup: removal failed; retrying")
 		if errors.Is(serr, unix.EBUSY) {
 			r.killScope(e) // still populated after all

@@ -152,15 +152,3 @@ func viaProc(pidfd int, pid int32) (uint64, error) {
 	}
 	return st.Ino, nil
 }
-
-// Transient reports whether err, a failed resolution, is the daemon's lack
-// of a resource (out of fds, memory or buffers) rather than an answer about
-// the peer: trying again later would likely establish the namespace.
-func Transient(err error) bool {
-	for _, errno := range []unix.Errno{unix.EMFILE, unix.ENFILE, unix.ENOMEM, unix.ENOBUFS, unix.EAGAIN, unix.EINTR} {
-		if errors.Is(err, errno) {
-			return true
-		}
-	}
-	return false
-}
