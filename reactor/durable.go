@@ -113,9 +113,6 @@ func (r *Reactor) retryDirty() {
 		r.persist(e, e.prev, rec, func(ok bool, _ []byte) {
 			if ok {
 				r.durableAs(e, rec.State)
-				if rec.State == api.StateCleaned {
-					r.dropSpools(e) // the store holds the kept output now, as in toCleaned
-				}
 			}
 			r.committedAs(e, rec)
 			if ok && e.done && e.state == api.StateCleaned {

@@ -253,14 +253,19 @@ func (r *Reactor) unparkFds(e *execution, role string) {
 // needs them: with the record still running and the fds gone from the
 // store, e would be lost ("its fds were not in the fd store") though its
 // pidfd could tell its exit. So a cleanup that closed them before
-// (finishCleanup) leaves them parked until then. Loop goroutine.
+// (finishCleanup) leaves them parked until then. Once the cleaned record
+// is durable, the store holds the kept output: the spools go, whichever
+// write (toCleaned's, or retryDirty's after it failed) got it there.
+// Loop goroutine.
 func (r *Reactor) durableAs(e *execution, st api.State) {
-	if e.exitDurable || (st != api.StateExited && st != api.StateCleaned) {
-		return
+	if !e.exitDurable && (st == api.StateExited || st == api.StateCleaned) {
+		e.exitDurable = true
+		if e.cleaning {
+			r.unparkFds(e, "")
+		}
 	}
-	e.exitDurable = true
-	if e.cleaning {
-		r.unparkFds(e, "")
+	if st == api.StateCleaned {
+		r.dropSpools(e)
 	}
 }
 

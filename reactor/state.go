@@ -474,8 +474,7 @@ func (r *Reactor) toCleaned(e *execution, leftover string) {
 	}
 	queued := r.persistAnswered(e, e.prev, rec, answered, func(ok bool, js []byte) {
 		if ok {
-			r.durableAs(e, rec.State)
-			r.dropSpools(e) // the store holds the kept output now
+			r.durableAs(e, rec.State) // drops the spools: the store holds the kept output now
 		}
 		r.committedAs(e, rec)
 		r.tell(e, rec, js)
