@@ -67,10 +67,14 @@ func newSpool(path string, half int64) (*spool, error) {
 	return sp, nil
 }
 
+// working reports whether sp keeps what is read: it exists and no write
+// to it failed (a failure abandons it). A nil spool is not working.
+func (sp *spool) working() bool { return sp != nil && sp.err == nil }
+
 // write appends chunk, which k (the stream's kept output) has just taken
 // in. Loop goroutine only.
 func (sp *spool) write(chunk []byte, k *keptOutput) {
-	if sp == nil || sp.err != nil || len(chunk) == 0 {
+	if !sp.working() || len(chunk) == 0 {
 		return
 	}
 	if sp.spliced >= int64(len(chunk)) {
@@ -106,7 +110,7 @@ func (sp *spool) maybeCompact(k *keptOutput) {
 // from the file (the page cache). Loop goroutine only.
 func (r *Reactor) readOutput(s *stream) (int, error) {
 	sp := s.spool
-	if sp == nil || sp.err != nil || sp.spliced != 0 || s.red != nil || s.tty {
+	if !sp.working() || sp.spliced != 0 || s.red != nil || s.tty {
 		return unix.Read(s.fd, r.readBuf)
 	}
 	off := spoolHeader + sp.size

@@ -142,7 +142,7 @@ func (r *Reactor) recordOutputs(e *execution) []store.Output {
 // working spool.
 func spooled(e *execution) bool {
 	for _, s := range e.streams {
-		if s != nil && s.kept.total > 0 && (s.spool == nil || s.spool.err != nil) {
+		if s != nil && s.kept.total > 0 && !s.spool.working() {
 			return false
 		}
 	}

@@ -161,7 +161,7 @@ func (r *Reactor) describe() (Handover, error) {
 			if r.cfg.StateDir == "" {
 				continue
 			}
-			if s.spool == nil || s.spool.err != nil {
+			if !s.spool.working() {
 				if err := writeSpoolFile(spoolPath(r.cfg.StateDir, e.id, s.name), s.kept); err != nil {
 					return Handover{}, fmt.Errorf("handover %s: %w", e.id, err)
 				}
