@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"syscall"
 	"testing"
 
 	"github.com/corral-dev/corral/api"
@@ -45,21 +44,12 @@ func TestOtherNetnsFailsClosed(t *testing.T) {
 	if other, err := otherNetns(api.Owner{PID: int32(gone.Process.Pid), Netns: peerns.Process(gone.Process.Pid)}); !other || err == nil {
 		t.Errorf("otherNetns(caller resolved after it was reaped) = %v, %v; want true and an error", other, err)
 	}
-	testenv.SkipRoot(t, "a new network namespace needs root")
-	in := exec.Command("sleep", "30")
-	in.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
-	if err := in.Start(); err != nil {
-		t.Fatalf("start sleep in a new network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = in.Process.Kill()
-		_ = in.Wait()
-	})
-	ns := peerns.Process(in.Process.Pid)
+	in := testenv.NetnsChild(t)
+	ns := peerns.Process(in)
 	if ns.Err != nil {
 		t.Fatalf("resolve the child's network namespace: %v", ns.Err)
 	}
-	if other, err := otherNetns(api.Owner{PID: int32(in.Process.Pid), Netns: ns}); !other || err != nil {
+	if other, err := otherNetns(api.Owner{PID: int32(in), Netns: ns}); !other || err != nil {
 		t.Errorf("otherNetns(caller in a new network namespace) = %v, %v; want true, nil", other, err)
 	}
 	if other, err := otherNetns(api.Owner{PID: me, Netns: ns}); !other || err != nil {
@@ -73,17 +63,9 @@ func TestOtherNetnsFailsClosed(t *testing.T) {
 // the resolved namespace is not kept in the record.
 func TestStartDecidesOnTheNamespaceResolvedAtAccept(t *testing.T) {
 	tr := newTestReactor(t, nil)
-	in := exec.Command("sleep", "30")
-	in.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
-	if err := in.Start(); err != nil {
-		t.Fatalf("start sleep in a new network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = in.Process.Kill()
-		_ = in.Wait()
-	})
+	in := testenv.NetnsChild(t)
 	reused := root
-	reused.Netns = peerns.Process(in.Process.Pid)
+	reused.Netns = peerns.Process(in)
 	for _, tc := range []struct {
 		name    string
 		caller  api.Owner

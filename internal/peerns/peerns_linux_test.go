@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -37,17 +36,7 @@ func openPidfd(t *testing.T, pid int) int {
 // pidfd; the namespace is another than this process's.
 func netnsChild(t *testing.T) (pid, pidfd int, ino uint64) {
 	t.Helper()
-	testenv.SkipRoot(t, "a new network namespace needs root")
-	c := exec.Command("sleep", "30")
-	c.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
-	if err := c.Start(); err != nil {
-		t.Fatalf("start sleep in a new network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = c.Process.Kill()
-		_ = c.Wait()
-	})
-	pid = c.Process.Pid
+	pid = testenv.NetnsChild(t)
 	pidfd = openPidfd(t, pid)
 	ino = nsIno(t, pid)
 	if self := nsIno(t, os.Getpid()); ino == self {
