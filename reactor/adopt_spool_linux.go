@@ -115,13 +115,21 @@ func (r *Reactor) readOutput(s *stream) (int, error) {
 	}
 	off := spoolHeader + sp.size
 	n, err := unix.Splice(s.fd, nil, sp.fd, &off, len(r.readBuf), unix.SPLICE_F_NONBLOCK)
-	if n <= 0 || err != nil {
-		if err == unix.EINVAL {
-			// No splice for this pair: plain reads from now on.
-			sp.spliced = -1
-			return unix.Read(s.fd, r.readBuf)
-		}
-		return int(n), err
+	switch {
+	case err == unix.EINVAL:
+		// No splice for this pair: plain reads from now on.
+		sp.spliced = -1
+		return unix.Read(s.fd, r.readBuf)
+	case err == unix.EAGAIN || err == unix.EINTR || err == nil && n <= 0:
+		return int(n), err // the pipe is empty, or at EOF
+	case err != nil:
+		// The spool's side failed (its file system full, an I/O error):
+		// the pipe has no other error to give. The spool is abandoned and
+		// the pipe read plainly, as for a failed write; ending the stream
+		// here would close the pipe under a child still writing.
+		sp.err = fmt.Errorf("spool %s: splice: %w", sp.path, err)
+		r.log.Warn().Err(sp.err).Str("stream", s.name).Msg("spool: abandoned; a crash of corrald would lose what is read from now on")
+		return unix.Read(s.fd, r.readBuf)
 	}
 	m, err := unix.Pread(sp.fd, r.readBuf[:n], spoolHeader+sp.size)
 	if err != nil || int64(m) != n {
