@@ -10,7 +10,9 @@ package reactor
 //   - the pidfd, the output read ends and the stdin write end: passed fds
 //     named "<id>.<role>" (the fd store, or the handover's own list);
 //   - the kept output: the spool files (adopt_spool_linux.go), written as
-//     the output was read (crash) or at the handover;
+//     the output was read (crash) or at the handover; of an exited record,
+//     the store's copy where a stream has no spool, or an abandoned one
+//     (the exited record carries it then: recordOutputs);
 //   - deadlines: absolute, from started_at + timeout_ms in the record;
 //   - what only memory held (a pending cancel's outcome, stdin still
 //     queued): the handover's state, absent after a crash.
@@ -35,6 +37,7 @@ import (
 	"github.com/corral-dev/corral/eventloop"
 	"github.com/corral-dev/corral/redact"
 	"github.com/corral-dev/corral/scope"
+	"github.com/corral-dev/corral/store"
 )
 
 // Adoptee is one execution to take over at start.
@@ -46,6 +49,9 @@ type Adoptee struct {
 	Fds map[string]int
 	// Handover is the state a handover wrote for it; nil after a crash.
 	Handover *HandoverExec
+	// stored is the store's kept output of an exited record, by stream
+	// (nil: none), read by prepareAdoptions off the loop.
+	stored [2]*store.KeptOutput
 }
 
 // HandoverExec is what of an execution only the previous image's memory
@@ -80,6 +86,19 @@ func (r *Reactor) prepareAdoptions() []int {
 		}
 		if rec.Workspace != nil {
 			e.work = *rec.Workspace
+		}
+		if rec.State == api.StateExited {
+			// The exited record carries the kept output where a spool
+			// did not keep it (recordOutputs); readopt chooses.
+			for i, name := range []string{RoleStdout, RoleStderr} {
+				k, ok, err := r.store.Output(rec.ID, name)
+				if err != nil {
+					r.log.Warn().Err(err).Str("exec_id", rec.ID).Str("stream", name).Msg("adopt: read the stored output")
+				}
+				if ok {
+					a.stored[i] = &k
+				}
+			}
 		}
 		if rec.State == api.StateStarted {
 			// corrald died after the command was let run (spawn had parked
@@ -170,26 +189,33 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 			// The terminal's output is the stdout stream (watched below).
 			s.fd = take(RolePTY)
 		}
-		var err error
-		var ok bool
+		st := [2]api.StreamInfo{e.rec.Stdout, e.rec.Stderr}[i]
+		s.kept = newKeptOutput(e.params.OutputLimitBytes)
+		spooled := false
+		path := ""
 		if r.cfg.StateDir != "" {
-			path := spoolPath(r.cfg.StateDir, e.id, role)
-			s.kept, ok, err = readSpool(path, e.params.OutputLimitBytes)
-			if err != nil {
+			var err error
+			path = spoolPath(r.cfg.StateDir, e.id, role)
+			if s.kept, spooled, err = readSpool(path, e.params.OutputLimitBytes); err != nil {
 				r.log.Warn().Err(err).Str("exec_id", e.id).Msg("adopt: kept output")
 			}
-			if ok && r.spooling() && s.fd >= 0 {
-				if s.spool, err = reopenSpool(path, s.kept); err != nil {
-					r.log.Warn().Err(err).Str("exec_id", e.id).Msg("adopt: reopen spool")
-				}
+		}
+		ok := spooled
+		if k := a.stored[i]; k != nil && (!spooled || s.kept.lost || k.Total > s.kept.total) {
+			// No spool, or one abandoned (its data misses bytes): the
+			// exited record's copy is the whole of what was read before
+			// the exit.
+			s.kept, ok, spooled = keptFromStore(*k, e.params.OutputLimitBytes, st.Truncated), true, false
+		}
+		if spooled && r.spooling() && s.fd >= 0 {
+			var err error
+			if s.spool, err = reopenSpool(path, s.kept); err != nil {
+				r.log.Warn().Err(err).Str("exec_id", e.id).Msg("adopt: reopen spool")
 			}
-		} else {
-			s.kept = newKeptOutput(e.params.OutputLimitBytes)
 		}
 		if !ok {
 			// Nothing kept survived: the counts of the record are all that
 			// is known of what was read before.
-			st := [2]api.StreamInfo{e.rec.Stdout, e.rec.Stderr}[i]
 			s.kept.total = st.TotalBytes
 		}
 		if e.params.Redact {
@@ -323,6 +349,20 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 	if needsSampler(e) {
 		r.armSampler(e, 0)
 	}
+}
+
+// keptFromStore is the kept output of a stream keeping limit bytes as the
+// store gave it back; truncated is what the record says of the stream (a
+// kept output that missed bytes, keptOutput.lost, is not told by the
+// store's counts).
+func keptFromStore(ko store.KeptOutput, limit int64, truncated bool) *keptOutput {
+	k := newKeptOutput(limit)
+	k.write(ko.Head)
+	k.total = max(k.total, ko.TailOffset)
+	k.write(ko.Tail)
+	k.total = max(k.total, ko.Total)
+	k.lost = truncated && !k.truncated()
+	return k
 }
 
 // StartedScope is the pid and the scope of a started record's execution

@@ -25,6 +25,14 @@ import (
 // offset T on. Appending is one pwrite at the end; when the data outgrows
 // what is kept by spoolSlack, the spool is rewritten from the kept output
 // (a new file renamed over the old one), so it stays bounded.
+//
+// T's top bit (spoolLost) says the data misses bytes of the stream: set
+// when a write to the spool fails (abandon: from then on only memory keeps
+// what is read, and a crash loses it), and kept by every rewrite of a kept
+// output that misses bytes (keptOutput.lost). The restarted corrald then
+// prefers the store's copy of the output, which the exited record carries
+// when a spool is not working (recordOutputs), and says truncated where
+// there is none.
 type spool struct {
 	path string
 	fd   int
@@ -40,6 +48,7 @@ type spool struct {
 const (
 	spoolHeader = 8
 	spoolSlack  = 1 << 20
+	spoolLost   = uint64(1) << 63 // in the header: the data misses bytes
 )
 
 // SpoolDir holds the spools: <StateDir>/spool, one file "<id>.<stream>"
@@ -89,11 +98,28 @@ func (sp *spool) write(chunk []byte, k *keptOutput) {
 		err = errors.New("short write")
 	}
 	if err != nil {
-		sp.err = fmt.Errorf("spool %s: %w", sp.path, err)
+		sp.abandon(fmt.Errorf("spool %s: %w", sp.path, err))
 		return
 	}
 	sp.size += int64(n)
 	sp.maybeCompact(k)
+}
+
+// abandon gives sp up after its first failure, err: nothing more is
+// written to it, and its header says its data misses bytes (spoolLost), so
+// that a restart after a crash does not take what it holds for the whole
+// stream. Where even that write fails the file is removed: no spool is
+// better than one that reads as whole. Loop goroutine only.
+func (sp *spool) abandon(err error) {
+	sp.err = err
+	var hdr [spoolHeader]byte
+	binary.LittleEndian.PutUint64(hdr[:], uint64(sp.t)|spoolLost)
+	if n, werr := unix.Pwrite(sp.fd, hdr[:], 0); werr == nil && n == len(hdr) {
+		return
+	}
+	if rerr := os.Remove(sp.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		sp.err = fmt.Errorf("%w; not marked abandoned: %v", err, rerr)
+	}
 }
 
 func (sp *spool) maybeCompact(k *keptOutput) {
@@ -127,7 +153,7 @@ func (r *Reactor) readOutput(s *stream) (int, error) {
 		// the pipe has no other error to give. The spool is abandoned and
 		// the pipe read plainly, as for a failed write; ending the stream
 		// here would close the pipe under a child still writing.
-		sp.err = fmt.Errorf("spool %s: splice: %w", sp.path, err)
+		sp.abandon(fmt.Errorf("spool %s: splice: %w", sp.path, err))
 		r.log.Warn().Err(sp.err).Str("stream", s.name).Msg("spool: abandoned; a crash of corrald would lose what is read from now on")
 		return unix.Read(s.fd, r.readBuf)
 	}
@@ -138,7 +164,10 @@ func (r *Reactor) readOutput(s *stream) (int, error) {
 		// pipe is read plainly from now on). Nothing read back is not the
 		// pipe's EOF: EINTR makes drain read again.
 		m = max(m, 0)
-		sp.err = fmt.Errorf("spool %s: read back %d of %d bytes: %v", sp.path, m, n, err)
+		sp.abandon(fmt.Errorf("spool %s: read back %d of %d bytes: %v", sp.path, m, n, err))
+		if int64(m) < n {
+			s.kept.lost = true // the record says truncated
+		}
 		r.log.Error().Err(sp.err).Int64("lost_bytes", n-int64(m)).Str("stream", s.name).
 			Msg("spool: output could not be read back; those bytes are not kept")
 		if m == 0 {
@@ -154,17 +183,17 @@ func (r *Reactor) readOutput(s *stream) (int, error) {
 func (sp *spool) compact(k *keptOutput) {
 	tmp := sp.path + ".tmp"
 	if err := writeSpoolFile(tmp, k); err != nil {
-		sp.err = err
+		sp.abandon(err)
 		return
 	}
 	fd, err := unix.Open(tmp, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		sp.err = fmt.Errorf("spool %s: %w", tmp, os.NewSyscallError("open", err))
+		sp.abandon(fmt.Errorf("spool %s: %w", tmp, os.NewSyscallError("open", err)))
 		return
 	}
 	if err := os.Rename(tmp, sp.path); err != nil {
 		unix.Close(fd)
-		sp.err = fmt.Errorf("spool: %w", err) // "rename TMP PATH: ...", from os
+		sp.abandon(fmt.Errorf("spool: %w", err)) // "rename TMP PATH: ...", from os
 		return
 	}
 	unix.Close(sp.fd)
@@ -187,7 +216,11 @@ func writeSpoolFile(path string, k *keptOutput) error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	buf := make([]byte, spoolHeader, spoolHeader+len(k.head)+len(k.tail))
-	binary.LittleEndian.PutUint64(buf, uint64(spoolT(k)))
+	hdr := uint64(spoolT(k))
+	if k.lost {
+		hdr |= spoolLost
+	}
+	binary.LittleEndian.PutUint64(buf, hdr)
 	buf = append(buf, k.head...)
 	buf = append(buf, k.tailBytes()...)
 	if err := os.WriteFile(path, buf, 0o600); err != nil {
@@ -205,7 +238,8 @@ func (sp *spool) close() {
 }
 
 // readSpool rebuilds the kept output of a stream keeping limit bytes from
-// the spool at path. ok is false when there is none.
+// the spool at path. ok is false when there is none. The kept output of
+// a spool that misses bytes (spoolLost) is lost.
 func readSpool(path string, limit int64) (k *keptOutput, ok bool, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -218,7 +252,9 @@ func readSpool(path string, limit int64) (k *keptOutput, ok bool, err error) {
 	if len(b) < spoolHeader {
 		return k, false, fmt.Errorf("read spool %s: %d bytes, no header", path, len(b))
 	}
-	t := int64(binary.LittleEndian.Uint64(b))
+	hdr := binary.LittleEndian.Uint64(b)
+	k.lost = hdr&spoolLost != 0
+	t := int64(hdr &^ spoolLost)
 	data := b[spoolHeader:]
 	if t == 0 {
 		k.write(data)

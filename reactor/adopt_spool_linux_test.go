@@ -2,7 +2,9 @@ package reactor
 
 import (
 	"bytes"
+	"errors"
 	"math/rand"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -103,5 +105,60 @@ func TestSpoolReadBackFailureIsNotEOF(t *testing.T) {
 	n, err = r.readOutput(s)
 	if err != nil || string(r.readBuf[:n]) != "second" {
 		t.Errorf("next read = %q, %v; want the pipe's later output read plainly", r.readBuf[:n], err)
+	}
+}
+
+// TestAbandonedSpoolReadsAsLost: a spool abandoned after a failed write
+// says so in its header, and a restart reads what it holds as a kept
+// output that misses bytes (truncated, whatever its counts say); its
+// rewrites after the restart keep saying so. Where the header cannot be
+// written either, the spool is removed: none is read rather than one that
+// looks whole.
+func TestAbandonedSpoolReadsAsLost(t *testing.T) {
+	const limit = 1 << 10
+	path := filepath.Join(t.TempDir(), "e.stdout")
+	k := newKeptOutput(limit)
+	sp, err := newSpool(path, int64(k.half))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.write([]byte("before"))
+	sp.write([]byte("before"), k)
+	sp.abandon(errors.New("test: write failed"))
+	k.write([]byte(" after"))
+	sp.write([]byte(" after"), k) // abandoned: not written
+	sp.close()
+	got, ok, err := readSpool(path, limit)
+	if err != nil || !ok || string(got.head) != "before" || !got.lost || !got.truncated() {
+		t.Fatalf("readSpool = %q lost %v truncated %v (ok %v, %v); want %q, lost and truncated", got.head, got.lost, got.truncated(), ok, err, "before")
+	}
+	// Taken up again after the restart: compactions keep the mark.
+	sp2, err := reopenSpool(path, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 64<<10)
+	for written := 0; written < 2*spoolSlack; written += len(chunk) {
+		got.write(chunk)
+		sp2.write(chunk, got)
+	}
+	if sp2.err != nil || sp2.t == 0 {
+		t.Fatalf("spool err %v, header %d: want compacted without error", sp2.err, sp2.t)
+	}
+	sp2.close()
+	if again, _, err := readSpool(path, limit); err != nil || !again.lost || again.total != got.total {
+		t.Errorf("after a compaction: lost %v total %d (%v); want lost, total %d", again.lost, again.total, err, got.total)
+	}
+
+	// A spool whose header cannot be written is removed.
+	ro, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := &spool{path: path, fd: ro, half: limit / 2}
+	bad.abandon(errors.New("test: write failed"))
+	bad.close()
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("spool whose abandonment could not be marked: stat = %v, want removed", err)
 	}
 }

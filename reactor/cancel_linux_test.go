@@ -34,6 +34,13 @@ func (s *heldCancelStore) Release() { s.once[0].Do(func() { close(s.release) }) 
 // Crash drops what is held and all later canceling transitions.
 func (s *heldCancelStore) Crash() { s.once[1].Do(func() { close(s.crash) }) }
 
+// crashLoser is a test store wrapper holding writes or answers back: at a
+// crash (crashAndAdopt) it lets go of them and returns the store it wraps,
+// which the next reactor writes through.
+type crashLoser interface{ crashed() store.Store }
+
+func (s *heldCancelStore) crashed() store.Store { s.Crash(); return s.Store }
+
 func newHeldCancelStore() *heldCancelStore {
 	return &heldCancelStore{Store: store.NewMemory(), release: make(chan struct{}),
 		crash: make(chan struct{}), asked: make(chan string, 4)}
@@ -67,15 +74,24 @@ type crashable struct {
 	crashed bool
 }
 
-func newCrashable(t *testing.T, st store.Store) *crashable {
+func newCrashable(t *testing.T, st store.Store) *crashable { return newCrashableWith(t, st, nil) }
+
+// newCrashableWith is newCrashable with the config changed by mod (a
+// backend, a state directory of the test's own).
+func newCrashableWith(t *testing.T, st store.Store, mod func(*Config)) *crashable {
 	t.Helper()
 	testenv.SkipRoot(t, "children run as the caller's uid")
-	c := &crashable{st: st, fs: &fakeFdStore{fds: map[string]int{}}, dir: t.TempDir(), done: make(chan error, 1)}
-	r, err := New(Config{
-		Backend: scope.NewPgroup(), Store: st, FdStore: c.fs, StateDir: c.dir,
+	c := &crashable{st: st, fs: &fakeFdStore{fds: map[string]int{}}, done: make(chan error, 1)}
+	cfg := Config{
+		Backend: scope.NewPgroup(), Store: st, FdStore: c.fs, StateDir: t.TempDir(),
 		Log:      zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
 		KillWait: 2 * time.Second, SocketGID: -1,
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	c.dir = cfg.StateDir
+	r, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +110,17 @@ func newCrashable(t *testing.T, st store.Store) *crashable {
 // crashAndAdopt stops c's loop without a shutdown and returns a new
 // reactor that took over every unfinished execution from c's stores.
 func (c *crashable) crashAndAdopt(t *testing.T) *testReactor {
+	t.Helper()
+	st := c.crash(t)
+	adopt := c.adoptees(t, st)
+	return newTestReactor(t, func(cfg *Config) {
+		cfg.Store, cfg.FdStore, cfg.StateDir, cfg.Adopt, cfg.Subreaper = st, c.fs, c.dir, adopt, false
+	})
+}
+
+// crash stops c's loop without a shutdown and closes what it held, and
+// returns the store the next reactor writes through.
+func (c *crashable) crash(t *testing.T) store.Store {
 	t.Helper()
 	c.crashed = true
 	c.stop()
@@ -118,10 +145,17 @@ func (c *crashable) crashAndAdopt(t *testing.T) *testReactor {
 		}
 	}
 	st := c.st
-	if h, ok := st.(*heldCancelStore); ok {
-		h.Crash() // the crash lost what it held; the next reactor writes through
-		st = h.Store
+	if h, ok := st.(crashLoser); ok {
+		st = h.crashed() // the crash lost what it held; the next reactor writes through
 	}
+	return st
+}
+
+// adoptees is what a restarted corrald takes over from st and c's fd store
+// (as cmd/corrald's survival.plan does): every unfinished record, with its
+// params and the fds passed back for it.
+func (c *crashable) adoptees(t *testing.T, st store.Store) []Adoptee {
+	t.Helper()
 	recs, err := st.Unfinished()
 	if err != nil {
 		t.Fatal(err)
@@ -135,9 +169,7 @@ func (c *crashable) crashAndAdopt(t *testing.T) *testReactor {
 		}
 		adopt = append(adopt, Adoptee{Record: rec, Params: p, Fds: c.fs.passBack(t, rec.ID)})
 	}
-	return newTestReactor(t, func(cfg *Config) {
-		cfg.Store, cfg.FdStore, cfg.StateDir, cfg.Adopt, cfg.Subreaper = st, c.fs, c.dir, adopt, false
-	})
+	return adopt
 }
 
 // TestCancelAnswerMeansDurable: an exec.cancel that was answered stays

@@ -291,7 +291,13 @@ func (r *Reactor) keep(e *execution, s *stream, chunk []byte) {
 	off := s.kept.total
 	s.kept.write(chunk)
 	e.sawOutput()
-	s.spool.write(chunk, s.kept)
+	if s.spool.working() {
+		s.spool.write(chunk, s.kept)
+		if !s.spool.working() {
+			r.log.Warn().Err(s.spool.err).Str("exec_id", e.id).Str("stream", s.name).
+				Msg("spool: abandoned; a crash of corrald would lose what is read from now on")
+		}
+	}
 	if len(e.followers) > 0 {
 		note := api.OutputNotification{ID: e.id, Stream: s.name, Offset: off, Data: chunk}
 		for f := range e.followers {

@@ -11,6 +11,10 @@ type keptOutput struct {
 	tail  []byte // ring of the last bytes, capacity half
 	tpos  int    // next write position in tail once it is full
 	total int64  // bytes written to the stream
+	// lost: bytes the child wrote are missing from what is kept and not
+	// counted in total (a spool abandoned before a crash of corrald, a
+	// read back that failed): the stream is truncated whatever total says.
+	lost bool
 }
 
 func newKeptOutput(limit int64) *keptOutput {
@@ -89,7 +93,7 @@ func (k *keptOutput) tailOffset() int64 { return k.total - int64(len(k.tail)) }
 
 func (k *keptOutput) kept() int64 { return int64(len(k.head) + len(k.tail)) }
 
-func (k *keptOutput) truncated() bool { return k.total > k.kept() }
+func (k *keptOutput) truncated() bool { return k.total > k.kept() || k.lost }
 
 func (k *keptOutput) info() api.StreamInfo {
 	return api.StreamInfo{TotalBytes: k.total, KeptBytes: k.kept(), Truncated: k.truncated()}
