@@ -372,8 +372,15 @@ func (s *sdBoundSide) prepare(ctx context.Context) error {
 		return err
 	}
 	s.next = h
+	// The holder may still be starting (a Go runtime's start-up runs on
+	// after cmd.Start returned): let it settle before the next side's
+	// timing begins, so that its start costs no other side.
+	time.Sleep(boundSettle)
 	return nil
 }
+
+// boundSettle is the untimed pause after a holder's scope is made.
+const boundSettle = 5 * time.Millisecond
 
 // sample measures the scope made ahead and makes the next one (untimed).
 func (s *sdBoundSide) sample(ctx context.Context, record bool) error {
