@@ -19,12 +19,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/shim"
 	"github.com/corral-dev/corral/tests/testd"
 )
 
@@ -33,13 +35,15 @@ import (
 const (
 	sdHolderEnv   = "CORRAL_BENCH_SYSTEMD_HOLDER"
 	sdGoHolderEnv = "CORRAL_BENCH_SYSTEMD_GOHOLDER"
+	sdShimEnv     = "CORRAL_BENCH_SYSTEMD_SHIM" // corral-shim, pinned with shim.UseBinary
 )
 
 // Sides of the bound, as keys of the inside process's JSON; their two
 // phases are boundKey(side, i) for boundPhases[i].
 const (
-	sdBoundC  = "bound: C holder in a scope made ahead"
-	sdBoundGo = "bound: Go holder in a scope made ahead"
+	sdBoundC    = "bound: C holder in a scope made ahead"
+	sdBoundGo   = "bound: Go holder in a scope made ahead"
+	sdBoundShim = "bound: corral-shim in a scope made ahead"
 )
 
 var boundPhases = []string{"release → exit seen", "exit → unit removed"}
@@ -176,7 +180,8 @@ func (b *sdBoundBus) close() { b.conn.Close() }
 type sdHeld struct {
 	unit    string
 	cmd     *exec.Cmd
-	release *os.File // the holder's stdin: one byte releases it
+	release func() error // lets the holder exec /bin/true
+	done    func()       // closes what the parent holds for the holder; idempotent
 	pidfd   int
 	removed <-chan struct{}
 	cgroup  string    // the scope's unified cgroup directory
@@ -209,22 +214,75 @@ func boundProps(unit, slice string, pid int) []sddbus.Property {
 // wait for (corrald stops a scope younger than this itself: notifyHold).
 const boundHoldTime = 15 * time.Millisecond
 
-// hold starts holder and creates the transient scope unit around it,
+// sdHolder starts one holder: its process (started), how to release it,
+// and what to close once it is done with (also when it never ran).
+type sdHolder func() (cmd *exec.Cmd, release func() error, done func(), err error)
+
+// stdinHolder is a holder binary released by one byte on its stdin
+// (scope_holder.c, goholder).
+func stdinHolder(bin string) sdHolder {
+	return func() (*exec.Cmd, func() error, func(), error) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("holder pipe: %w", err)
+		}
+		cmd := exec.Command(bin)
+		cmd.Stdin = r
+		err = cmd.Start()
+		r.Close()
+		if err != nil {
+			w.Close()
+			return nil, nil, nil, fmt.Errorf("start holder %s: %w", bin, err)
+		}
+		release := func() error {
+			_, err := w.Write([]byte{1})
+			return err
+		}
+		return cmd, release, func() { w.Close() }, nil
+	}
+}
+
+// shimHolder is corrald's own pooled shim (shim.WrapPooled, the binary
+// pinned by the caller with shim.UseBinary), released by a dispatch of
+// /bin/true as corrald's pool dispatches it (shim.Dispatch: the config
+// and three fds over its socket; here stdio on /dev/null, dir a fixed
+// directory), with no daemon around it.
+func shimHolder(dir string) sdHolder {
+	return func() (*exec.Cmd, func() error, func(), error) {
+		devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		cmd := &exec.Cmd{SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
+		h, err := shim.WrapPooled(cmd)
+		if err != nil {
+			devnull.Close()
+			return nil, nil, nil, fmt.Errorf("wrap pooled shim: %w", err)
+		}
+		done := func() {
+			h.Close()
+			devnull.Close()
+		}
+		if err := cmd.Start(); err != nil {
+			done()
+			return nil, nil, nil, fmt.Errorf("start pooled shim: %w", err)
+		}
+		h.CloseChildEnds()
+		cfg := shim.Config{Argv: []string{"/bin/true"}, Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"}, Dir: dir, NoNewPrivs: true, EnterDirAsRoot: true}
+		release := func() error { return h.Dispatch(cfg, devnull, devnull, devnull) }
+		return cmd, release, done, nil
+	}
+}
+
+// hold starts a holder and creates the transient scope unit around it,
 // waiting for the start job. On error nothing is left: the holder is
 // killed and reaped, the unit stopped and waited for.
-func (b *sdBoundBus) hold(ctx context.Context, holder, unit, slice string) (*sdHeld, error) {
-	r, w, err := os.Pipe()
+func (b *sdBoundBus) hold(ctx context.Context, start sdHolder, unit, slice string) (*sdHeld, error) {
+	cmd, release, done, err := start()
 	if err != nil {
-		return nil, fmt.Errorf("holder pipe: %w", err)
+		return nil, err
 	}
-	h := &sdHeld{unit: unit, cmd: exec.Command(holder), release: w, pidfd: -1}
-	h.cmd.Stdin = r
-	err = h.cmd.Start()
-	r.Close()
-	if err != nil {
-		w.Close()
-		return nil, fmt.Errorf("start holder %s: %w", holder, err)
-	}
+	h := &sdHeld{unit: unit, cmd: cmd, release: release, done: done, pidfd: -1}
 	fail := func(err error) (*sdHeld, error) {
 		b.discard(h)
 		return nil, fmt.Errorf("hold %s: %w", unit, err)
@@ -273,7 +331,7 @@ func (b *sdBoundBus) run(ctx context.Context, h *sdHeld) (t0, t1, t2 time.Time, 
 		time.Sleep(wait)
 	}
 	t0 = time.Now()
-	if _, err = h.release.Write([]byte{1}); err != nil {
+	if err = h.release(); err != nil {
 		b.discard(h)
 		return t0, t1, t2, fmt.Errorf("release holder: %w", err)
 	}
@@ -292,7 +350,7 @@ func (b *sdBoundBus) run(ctx context.Context, h *sdHeld) (t0, t1, t2 time.Time, 
 	t1 = time.Now()
 	unix.Close(h.pidfd)
 	h.pidfd = -1
-	h.release.Close()
+	h.done()
 	if werr != nil {
 		b.discard(h)
 		return t0, t1, t2, fmt.Errorf("holder: %w", werr)
@@ -324,9 +382,7 @@ func (b *sdBoundBus) run(ctx context.Context, h *sdHeld) (t0, t1, t2 time.Time, 
 // discard ends h without a measurement: the holder killed and reaped, its
 // unit stopped and its removal waited for (bounded).
 func (b *sdBoundBus) discard(h *sdHeld) {
-	if h.release != nil {
-		h.release.Close()
-	}
+	h.done()
 	if h.cmd.ProcessState == nil {
 		_ = h.cmd.Process.Kill()
 		_ = h.cmd.Wait()
@@ -356,7 +412,7 @@ func (b *sdBoundBus) discard(h *sdHeld) {
 type sdBoundSide struct {
 	name   string // the side's key
 	b      *sdBoundBus
-	holder string
+	holder sdHolder
 	prefix string // unit names: prefix + n + ".scope"
 	slice  string
 	n      int

@@ -19,6 +19,7 @@ import (
 
 	"github.com/corral-dev/corral/api"
 	"github.com/corral-dev/corral/ipc"
+	"github.com/corral-dev/corral/shim"
 	"github.com/corral-dev/corral/tests/harness"
 
 	"github.com/corral-dev/corral/tests/testenv"
@@ -72,7 +73,12 @@ func (s *suite) benchSystemd(t *testing.T) {
 	ctx := ctxT(t, 5*time.Minute)
 	cmd := sd.Command(ctx, harness.InsidePath(exe), "-test.run=^$")
 	cmd.Env = append(os.Environ(), systemdEnv+"="+strconv.Itoa(systemdN), systemdCorraldEnv+"="+harness.InsidePath(s.bin))
-	for env, bin := range map[string]string{sdHolderEnv: cHolder, sdGoHolderEnv: goHolder} {
+	shimBin := filepath.Join(filepath.Dir(s.bin), "corral-shim")
+	if _, err := os.Stat(shimBin); err != nil {
+		boundWhy = append(boundWhy, fmt.Sprintf("no corral-shim next to %s: the corral-shim side is left out", s.bin))
+		shimBin = ""
+	}
+	for env, bin := range map[string]string{sdHolderEnv: cHolder, sdGoHolderEnv: goHolder, sdShimEnv: shimBin} {
 		if bin != "" {
 			cmd.Env = append(cmd.Env, env+"="+harness.InsidePath(bin))
 		}
@@ -93,6 +99,9 @@ func (s *suite) benchSystemd(t *testing.T) {
 		boundSides = append(boundSides, sdBoundC)
 	}
 	boundSides = append(boundSides, sdBoundGo)
+	if shimBin != "" {
+		boundSides = append(boundSides, sdBoundShim)
+	}
 	for _, side := range boundSides {
 		keys = append(keys, side)
 		for i := range boundPhases {
@@ -119,7 +128,8 @@ func (s *suite) benchSystemd(t *testing.T) {
 			latencyRow{"pool on vs " + short, "corrald systemd --pool-size 4", side, res[sdCorrald], res[side]})
 	}
 	boundNote := " **The bound** of a design with one transient scope per execution and `cleaned` = \"scope removed\" (bench/systemd_bound_linux_test.go), no daemon, store or RPC: untimed, a holder process is started and a transient scope created around it (StartTransientUnit on systemd's private socket with the properties corrald gives a pooled scope, its start job waited for; at least 15 ms before its release, as a pooled scope is); timed, one byte on the holder's stdin releases it, it execs /bin/true, its exit is seen on a pidfd and reaped (release → exit seen), and systemd's UnitRemoved signal and the scope's cgroup gone are waited for (exit → unit removed), as corrald's `cleaned` waits for them. " +
-		"C holder: bench/testdata/scope_holder.c (cc -O2), blocked in read(2), execl when released; Go holder: bench/testdata/goholder (go build, CGO_ENABLED=0), the same in Go, which is what corrald's pooled shim is (its exec ends the runtime's threads first)."
+		"C holder: bench/testdata/scope_holder.c (cc -O2), blocked in read(2), execl when released; Go holder: bench/testdata/goholder (go build, CGO_ENABLED=0), the same in Go, which is what corrald's pooled shim is (its exec ends the runtime's threads first). " +
+		"corral-shim: corrald's own pooled shim (the corral-shim next to the corrald measured), released by a dispatch of /bin/true as the pool dispatches it (stdio on /dev/null), no daemon: what the shim itself costs over the Go holder."
 	for _, why := range boundWhy {
 		boundNote += " " + why + "."
 	}
@@ -146,6 +156,9 @@ func (s *suite) benchSystemd(t *testing.T) {
 	s.target("(f) systemd pool-on p50 / systemd-run --scope p50 (5× faster: ≤ 0.2)", float64(pool50)/float64(scope50), 0.2, "×")
 	detail := fmt.Sprintf("corrald p50 %s, p99 %s ms; systemd-run --scope p50 %s, p99 %s ms", ms(pool50), ms(pool99), ms(scope50), ms(scope99))
 	for _, side := range boundSides {
+		if side == sdBoundShim {
+			continue // a decomposition of corrald's time, not a bound of the design
+		}
 		b := durations(res[side])
 		r := float64(b.pct(.5)) / float64(scope50)
 		what, reach := "the bound, a C holder released in a scope made ahead until systemd removed the scope", "inside the target, so not shown out of reach"
@@ -427,7 +440,7 @@ func runSystemdInside() int {
 	// The bound's sides (systemd_bound_linux_test.go), where the suite
 	// passed their holders.
 	var bounds []*sdBoundSide
-	if os.Getenv(sdHolderEnv) != "" || os.Getenv(sdGoHolderEnv) != "" {
+	if os.Getenv(sdHolderEnv) != "" || os.Getenv(sdGoHolderEnv) != "" || os.Getenv(sdShimEnv) != "" {
 		bb, err := dialBoundBus()
 		if err != nil {
 			return fail(err, "bound: connect to systemd")
@@ -438,10 +451,24 @@ func runSystemdInside() int {
 			{sdBoundGo, sdGoHolderEnv, "bench-bound-go-"},
 		} {
 			if bin := os.Getenv(h.env); bin != "" {
-				bs := &sdBoundSide{b: bb, holder: bin, prefix: h.prefix, slice: "bench-bound.slice", name: h.side}
+				bs := &sdBoundSide{b: bb, holder: stdinHolder(bin), prefix: h.prefix, slice: "bench-bound.slice", name: h.side}
 				defer bs.close()
 				bounds = append(bounds, bs)
 			}
+		}
+		if bin := os.Getenv(sdShimEnv); bin != "" {
+			f, err := os.Open(bin)
+			if err != nil {
+				return fail(err, "bound: open corral-shim")
+			}
+			err = shim.UseBinary(f, nil)
+			f.Close()
+			if err != nil {
+				return fail(err, "bound: pin corral-shim")
+			}
+			bs := &sdBoundSide{b: bb, holder: shimHolder(dir), prefix: "bench-bound-shim-", slice: "bench-bound.slice", name: sdBoundShim}
+			defer bs.close()
+			bounds = append(bounds, bs)
 		}
 	}
 	const warmup = 5
