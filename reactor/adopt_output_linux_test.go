@@ -221,3 +221,70 @@ func TestAdoptedRunningAfterAbandonedSpoolSaysTruncated(t *testing.T) {
 		t.Errorf("record stdout %+v with %d bytes kept: want truncated (bytes lost with the crash), kept_bytes what is kept", got.Stdout, len(out))
 	}
 }
+
+// TestSpoolResumesOnceTheDiskHasRoom: a stream whose spool could not be
+// opened (the state directory's file system full at the start) or was
+// abandoned (full later) gets a working spool again, from its kept output,
+// at its first output once there is room: a crash after that loses
+// nothing, and the record does not say truncated. The stream stayed
+// unspooled for its life: the crash lost what was read before it (never
+// opened: all of it, and the record said nothing; abandoned: from the
+// failure on).
+func TestSpoolResumesOnceTheDiskHasRoom(t *testing.T) {
+	old := respoolEvery
+	respoolEvery = 0
+	t.Cleanup(func() { respoolEvery = old })
+	script := `echo first; while [ ! -e "$0" ]; do sleep 0.01; done; head -c 20000 /dev/zero | tr '\0' y; echo
+while [ ! -e "$1" ]; do sleep 0.01; done; echo second; while [ ! -e "$2" ]; do sleep 0.01; done; echo last; exit 3`
+	ys := strings.Repeat("y", 20000) + "\n"
+	for _, tc := range []struct {
+		name      string
+		fullFirst bool // full before the start: no spool is opened
+	}{
+		{"spool never opened", true},
+		{"spool abandoned", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := mountSmallTmpfs(t, "256k")
+			tmp := t.TempDir()
+			gates := []string{filepath.Join(tmp, "1"), filepath.Join(tmp, "2"), filepath.Join(tmp, "3")}
+			open := func(i int) {
+				t.Helper()
+				if err := os.WriteFile(gates[i], nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st := store.NewMemory()
+			r1 := newCrashableWith(t, st, func(c *Config) { c.StateDir = dir })
+			if tc.fullFirst {
+				if err := os.MkdirAll(SpoolDir(dir), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				fillUp(t, dir)
+			}
+			rec, err := r1.Start(context.Background(), root, api.StartParams{Cwd: "/", Argv: append([]string{"sh", "-c", script}, gates...)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitOutput(t, r1.Reactor, rec.ID, "first\n")
+			if !tc.fullFirst {
+				fillUp(t, dir)
+			}
+			open(0)
+			waitOutput(t, r1.Reactor, rec.ID, "first\n"+ys)
+			if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
+				t.Fatal(err)
+			}
+			open(1)
+			waitOutput(t, r1.Reactor, rec.ID, "first\n"+ys+"second\n")
+			r2 := r1.crashAndAdopt(t)
+			open(2)
+			got := r2.wait(rec.ID)
+			want := "first\n" + ys + "second\nlast\n"
+			n := int64(len(want))
+			if out := r2.stdout(rec.ID); out != want || got.Stdout != (api.StreamInfo{TotalBytes: n, KeptBytes: n}) {
+				t.Errorf("stdout %d bytes, record %+v; want all %d bytes kept", len(out), got.Stdout, n)
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -154,6 +155,7 @@ func (r *Reactor) readOutput(s *stream) (int, error) {
 		// the pipe read plainly, as for a failed write; ending the stream
 		// here would close the pipe under a child still writing.
 		sp.abandon(fmt.Errorf("spool %s: splice: %w", sp.path, err))
+		s.respoolAt = time.Now().Add(respoolEvery)
 		r.log.Warn().Err(sp.err).Str("stream", s.name).Msg("spool: abandoned; a crash of corrald would lose what is read from now on")
 		return unix.Read(s.fd, r.readBuf)
 	}
@@ -165,6 +167,7 @@ func (r *Reactor) readOutput(s *stream) (int, error) {
 		// pipe's EOF: EINTR makes drain read again.
 		m = max(m, 0)
 		sp.abandon(fmt.Errorf("spool %s: read back %d of %d bytes: %v", sp.path, m, n, err))
+		s.respoolAt = time.Now().Add(respoolEvery)
 		if int64(m) < n {
 			s.kept.lost = true // the record says truncated
 		}
@@ -181,24 +184,70 @@ func (r *Reactor) readOutput(s *stream) (int, error) {
 
 // compact rewrites the spool as k's kept output.
 func (sp *spool) compact(k *keptOutput) {
-	tmp := sp.path + ".tmp"
-	if err := writeSpoolFile(tmp, k); err != nil {
-		sp.abandon(err)
-		return
-	}
-	fd, err := unix.Open(tmp, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	fd, err := replaceSpool(sp.path, k)
 	if err != nil {
-		sp.abandon(fmt.Errorf("spool %s: %w", tmp, os.NewSyscallError("open", err)))
-		return
-	}
-	if err := os.Rename(tmp, sp.path); err != nil {
-		unix.Close(fd)
-		sp.abandon(fmt.Errorf("spool: %w", err)) // "rename TMP PATH: ...", from os
+		sp.abandon(err)
 		return
 	}
 	unix.Close(sp.fd)
 	sp.fd = fd
 	sp.t, sp.size = spoolT(k), int64(len(k.head)+len(k.tail))
+}
+
+// replaceSpool writes k's kept output as the spool at path: aside, then
+// renamed over it, so a crash at any moment leaves the old file or the new
+// one whole. It returns the new file's fd.
+func replaceSpool(path string, k *keptOutput) (int, error) {
+	tmp := path + ".tmp"
+	if err := writeSpoolFile(tmp, k); err != nil {
+		_ = os.Remove(tmp)
+		return -1, err
+	}
+	fd, err := unix.Open(tmp, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		_ = os.Remove(tmp)
+		return -1, fmt.Errorf("spool %s: %w", tmp, os.NewSyscallError("open", err))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		unix.Close(fd)
+		_ = os.Remove(tmp)
+		return -1, fmt.Errorf("spool: %w", err) // "rename TMP PATH: ...", from os
+	}
+	return fd, nil
+}
+
+// respoolEvery is how long a stream whose spool could not be opened, or
+// was abandoned, waits before its next output tries to make one again.
+var respoolEvery = time.Second
+
+// respool makes s a working spool again, from its kept output, once
+// s.respoolAt passed: a spool that could not be opened or was abandoned
+// (EMFILE, the file system full) need not leave the stream unspooled for
+// its life. On failure it tries again respoolEvery later. Loop goroutine.
+func (r *Reactor) respool(e *execution, s *stream) {
+	now := time.Now()
+	if now.Before(s.respoolAt) {
+		return
+	}
+	if err := r.spoolKept(e, s); err != nil {
+		s.respoolAt = now.Add(respoolEvery)
+		return
+	}
+	r.log.Info().Str("exec_id", e.id).Str("stream", s.name).Int64("bytes", s.kept.kept()).Msg("spool: working again")
+}
+
+// spoolKept gives s a new spool holding its kept output, in place of the
+// file there may be (replaceSpool). Loop goroutine only.
+func (r *Reactor) spoolKept(e *execution, s *stream) error {
+	path := spoolPath(r.cfg.StateDir, e.id, s.name)
+	fd, err := replaceSpool(path, s.kept)
+	if err != nil {
+		return err
+	}
+	s.spool.close()
+	s.spool = &spool{path: path, fd: fd, half: int64(s.kept.half), t: spoolT(s.kept), size: s.kept.kept()}
+	s.respoolAt = time.Time{}
+	return nil
 }
 
 // spoolT is the header that describes k's kept output.

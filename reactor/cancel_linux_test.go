@@ -140,6 +140,9 @@ func (c *crashable) crash(t *testing.T) store.Store {
 		if e.pidfd >= 0 {
 			unix.Close(e.pidfd)
 		}
+		if e.proc != nil {
+			_ = e.proc.Release() // its pidfd (os.Process's own)
+		}
 		if e.stdin != nil && e.stdin.fd >= 0 {
 			unix.Close(e.stdin.fd)
 		}

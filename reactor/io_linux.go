@@ -30,6 +30,9 @@ type stream struct {
 	parked []*parkedRead
 	// spool holds what was read for a crash of corrald (adopt_spool_linux.go).
 	spool *spool
+	// respoolAt, when set, is when the next output tries to make s a spool
+	// again (respool): its spool could not be opened or was abandoned.
+	respoolAt time.Time
 }
 
 // info is the record's view of the stream: kept counts, and the bytes the
@@ -296,7 +299,10 @@ func (r *Reactor) keep(e *execution, s *stream, chunk []byte) {
 		if !s.spool.working() {
 			r.log.Warn().Err(s.spool.err).Str("exec_id", e.id).Str("stream", s.name).
 				Msg("spool: abandoned; a crash of corrald would lose what is read from now on")
+			s.respoolAt = time.Now().Add(respoolEvery)
 		}
+	} else if !s.respoolAt.IsZero() {
+		r.respool(e, s) // from the kept output, which has chunk
 	}
 	if len(e.followers) > 0 {
 		note := api.OutputNotification{ID: e.id, Stream: s.name, Offset: off, Data: chunk}

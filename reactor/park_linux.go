@@ -86,15 +86,22 @@ func (r *Reactor) spooling() bool { return r.cfg.FdStore != nil && r.cfg.StateDi
 
 // openSpool starts the spool of s. Loop goroutine only.
 func (r *Reactor) openSpool(e *execution, s *stream) *spool {
-	sp, err := newSpool(spoolPath(r.cfg.StateDir, e.id, s.name), int64(s.kept.half))
-	if err != nil {
-		r.log.Warn().Err(err).Str("exec_id", e.id).Msg("spool output; a crash of corrald would lose what was read")
-		return nil
+	var err error
+	if s.kept.total > 0 || s.kept.lost {
+		// What is kept already (an adopted execution's) goes in whole, in
+		// place of the file there may be: never a moment with less.
+		if err = r.spoolKept(e, s); err == nil {
+			return s.spool
+		}
+	} else {
+		var sp *spool
+		if sp, err = newSpool(spoolPath(r.cfg.StateDir, e.id, s.name), int64(s.kept.half)); err == nil {
+			return sp
+		}
 	}
-	if s.kept.total > 0 {
-		sp.compact(s.kept)
-	}
-	return sp
+	r.log.Warn().Err(err).Str("exec_id", e.id).Msg("spool output; a crash of corrald would lose what was read")
+	s.respoolAt = time.Now().Add(respoolEvery) // keep tries again (respool)
+	return nil
 }
 
 // parkSpawned hands a just-started child's fds to the fd store, on
