@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -162,5 +163,58 @@ func TestStartSendsTheServiceBytes(t *testing.T) {
 	rec, err := c.Start(ctx, api.StartParams{Argv: []string{"true"}})
 	if err != nil || rec.ID != "from-the-bytes" || rec.Labels["a"] != "<&>" {
 		t.Errorf("exec.start = %+v, %v; want the service's bytes (id from-the-bytes, label <&>)", rec, err)
+	}
+}
+
+// fullResponse is what the client's general path takes from a line
+// (readLoop without plainResponse): ok when it is a response with a
+// numeric id and no error.
+func fullResponse(line []byte) (id uint64, result json.RawMessage, ok bool) {
+	var m clientMessage
+	if json.Unmarshal(line, &m) != nil || m.Error != nil || m.ID == nil || string(m.ID) == "null" {
+		return 0, nil, false
+	}
+	var n uint64
+	if json.Unmarshal(m.ID, &n) != nil {
+		return 0, nil, false
+	}
+	return n, m.Result, true
+}
+
+// TestPlainResponseAsDecoded: every answer the daemon encodes (encodeResult)
+// is read by the client's plain path (plainResponse, no decode of the
+// envelope) with the id and result bytes a full decode gives; anything
+// else (an error, a notification, a member after the result, another
+// layout, a broken result) is left to the full decode.
+func TestPlainResponseAsDecoded(t *testing.T) {
+	for _, id := range []uint64{0, 1, 38, 1 << 40} {
+		for _, res := range encodeCases() {
+			b, err := encodeResult(json.RawMessage(strconv.FormatUint(id, 10)), res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			line := encodeLine(b)
+			gotID, got, ok := plainResponse(line)
+			wantID, want, wantOK := fullResponse(line)
+			if !ok || !wantOK || gotID != wantID || !bytes.Equal(got, want) {
+				t.Errorf("plainResponse(%s) = %d, %s, %v; full decode %d, %s, %v", line, gotID, got, ok, wantID, want, wantOK)
+			}
+		}
+	}
+	for _, line := range []string{
+		`{"jsonrpc":"2.0","id":3,"result":{"a":1},"error":{"code":-32603,"message":"x"}}`,
+		`{"jsonrpc":"2.0","id":3,"result":{"a":"},\"x\":{"},"b":2}` + "\n",
+		`{"jsonrpc":"2.0","id":3,"error":{"code":-32001,"message":"not found"}}`,
+		`{"jsonrpc":"2.0","id":null,"result":1}`,
+		`{"jsonrpc":"2.0","id":"3","result":1}`,
+		`{"jsonrpc":"2.0","method":"exec.state","params":{"record":{}}}`,
+		`{"jsonrpc": "2.0","id":3,"result":1}`,
+		`{"jsonrpc":"2.0","id":3,"result":{"a":}`,
+		`{"jsonrpc":"2.0","id":3,"result":}`,
+		`{"jsonrpc":"2.0","id":99999999999999999999999,"result":1}`,
+	} {
+		if id, res, ok := plainResponse([]byte(line)); ok {
+			t.Errorf("plainResponse(%s) = %d, %s: want it left to the full decode", line, id, res)
+		}
 	}
 }
