@@ -288,3 +288,34 @@ while [ ! -e "$1" ]; do sleep 0.01; done; echo second; while [ ! -e "$2" ]; do s
 		})
 	}
 }
+
+// TestAdoptedRunningWithoutSpoolSaysTruncated: a stream whose spool could
+// not be started (the state directory's file system full: the file is
+// made, its header cannot be written) keeps its output in memory only; a
+// crash while it runs loses that, and the restarted corrald says so: the
+// record is truncated. It said the output was whole: only what came after
+// the restart, truncated false.
+func TestAdoptedRunningWithoutSpoolSaysTruncated(t *testing.T) {
+	dir := mountSmallTmpfs(t, "256k")
+	gate := filepath.Join(t.TempDir(), "go")
+	st := store.NewMemory()
+	r1 := newCrashableWith(t, st, func(c *Config) { c.StateDir = dir })
+	if err := os.MkdirAll(SpoolDir(dir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fillUp(t, dir)
+	rec, err := r1.Start(context.Background(), root, api.StartParams{Cwd: "/", Argv: []string{"sh", "-c", `echo first; while [ ! -e "$0" ]; do sleep 0.01; done; echo last`, gate}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, r1.Reactor, rec.ID, "first\n")
+	r2 := r1.crashAndAdopt(t)
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := r2.wait(rec.ID)
+	out := r2.stdout(rec.ID)
+	if !strings.HasSuffix(out, "last\n") || !got.Stdout.Truncated || got.Stdout.KeptBytes != int64(len(out)) {
+		t.Errorf("stdout %q, record %+v: want what came after the restart, and truncated (the first line was lost with the crash)", out, got.Stdout)
+	}
+}

@@ -109,13 +109,18 @@ func (sp *spool) write(chunk []byte, k *keptOutput) {
 // abandon gives sp up after its first failure, err: nothing more is
 // written to it, and its header says its data misses bytes (spoolLost), so
 // that a restart after a crash does not take what it holds for the whole
-// stream. Where even that write fails the file is removed: no spool is
-// better than one that reads as whole. Loop goroutine only.
+// stream. Where even that write fails the file is emptied (a spool without
+// a header reads as bytes lost, as one whose newSpool failed), and failing
+// that removed: no spool is better than one that reads as whole. Loop
+// goroutine only.
 func (sp *spool) abandon(err error) {
 	sp.err = err
 	var hdr [spoolHeader]byte
 	binary.LittleEndian.PutUint64(hdr[:], uint64(sp.t)|spoolLost)
 	if n, werr := unix.Pwrite(sp.fd, hdr[:], 0); werr == nil && n == len(hdr) {
+		return
+	}
+	if unix.Ftruncate(sp.fd, 0) == nil {
 		return
 	}
 	if rerr := os.Remove(sp.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
@@ -287,8 +292,10 @@ func (sp *spool) close() {
 }
 
 // readSpool rebuilds the kept output of a stream keeping limit bytes from
-// the spool at path. ok is false when there is none. The kept output of
-// a spool that misses bytes (spoolLost) is lost.
+// the spool at path. ok is false when there is none to go on with. The kept
+// output of a spool that misses bytes (spoolLost) is lost, and so is that
+// of one without a header: newSpool could not write it (the file system
+// full), or abandon emptied the file, so what was read is not there.
 func readSpool(path string, limit int64) (k *keptOutput, ok bool, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -299,6 +306,10 @@ func readSpool(path string, limit int64) (k *keptOutput, ok bool, err error) {
 	}
 	k = newKeptOutput(limit)
 	if len(b) < spoolHeader {
+		k.lost = true
+		if len(b) == 0 {
+			return k, false, nil
+		}
 		return k, false, fmt.Errorf("read spool %s: %d bytes, no header", path, len(b))
 	}
 	hdr := binary.LittleEndian.Uint64(b)
