@@ -228,14 +228,17 @@ var respoolEvery = time.Second
 // respool makes s a working spool again, from its kept output, once
 // s.respoolAt passed: a spool that could not be opened or was abandoned
 // (EMFILE, the file system full) need not leave the stream unspooled for
-// its life. On failure it tries again respoolEvery later. Loop goroutine.
+// its life. On failure it tries again later: respoolEvery, doubled at each
+// failure in a row up to 16 times that, so a disk that stays full costs
+// the loop little. Loop goroutine.
 func (r *Reactor) respool(e *execution, s *stream) {
 	now := time.Now()
 	if now.Before(s.respoolAt) {
 		return
 	}
 	if err := r.spoolKept(e, s); err != nil {
-		s.respoolAt = now.Add(respoolEvery)
+		s.respoolFails = min(s.respoolFails+1, 4)
+		s.respoolAt = now.Add(respoolEvery << s.respoolFails)
 		return
 	}
 	r.log.Info().Str("exec_id", e.id).Str("stream", s.name).Int64("bytes", s.kept.kept()).Msg("spool: working again")
@@ -251,7 +254,7 @@ func (r *Reactor) spoolKept(e *execution, s *stream) error {
 	}
 	s.spool.close()
 	s.spool = &spool{path: path, fd: fd, half: int64(s.kept.half), t: spoolT(s.kept), size: s.kept.kept()}
-	s.respoolAt = time.Time{}
+	s.respoolAt, s.respoolFails = time.Time{}, 0
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
@@ -160,5 +161,41 @@ func TestAbandonedSpoolReadsAsLost(t *testing.T) {
 	bad.close()
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("spool whose abandonment could not be marked: stat = %v, want removed", err)
+	}
+}
+
+// TestRespoolBacksOff: a stream whose spool cannot be made again (here the
+// spool directory is a file) tries less and less often, up to 16 times
+// respoolEvery apart, and one success resets it.
+func TestRespoolBacksOff(t *testing.T) {
+	old := respoolEvery
+	respoolEvery = time.Hour
+	t.Cleanup(func() { respoolEvery = old })
+	dir := t.TempDir()
+	if err := os.WriteFile(SpoolDir(dir), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := &Reactor{cfg: Config{StateDir: dir}, log: zerolog.Nop()}
+	e := &execution{id: "e"}
+	s := &stream{name: "stdout", fd: -1, kept: newKeptOutput(1024)}
+	s.kept.write([]byte("kept"))
+	for i := 0; i < 6; i++ {
+		s.respoolAt = time.Now().Add(-time.Second) // due
+		r.respool(e, s)
+	}
+	if s.spool != nil || !s.respoolAt.After(time.Now().Add(15*time.Hour)) || s.respoolAt.After(time.Now().Add(17*time.Hour)) {
+		t.Fatalf("after 6 failures: spool %v, next try in %v; want none, 16h", s.spool, time.Until(s.respoolAt).Round(time.Hour))
+	}
+	if err := os.Remove(SpoolDir(dir)); err != nil {
+		t.Fatal(err)
+	}
+	s.respoolAt = time.Now().Add(-time.Second)
+	r.respool(e, s)
+	defer s.spool.close()
+	if !s.spool.working() || !s.respoolAt.IsZero() || s.respoolFails != 0 {
+		t.Fatalf("once it can: spool working %v, respoolAt %v, fails %d; want working, reset", s.spool.working(), s.respoolAt, s.respoolFails)
+	}
+	if got, ok, err := readSpool(spoolPath(dir, "e", "stdout"), 1024); err != nil || !ok || string(got.head) != "kept" {
+		t.Errorf("spool holds %q (ok %v, %v), want the kept output", got.head, ok, err)
 	}
 }

@@ -32,7 +32,8 @@ type stream struct {
 	spool *spool
 	// respoolAt, when set, is when the next output tries to make s a spool
 	// again (respool): its spool could not be opened or was abandoned.
-	respoolAt time.Time
+	respoolAt    time.Time
+	respoolFails int // respool's failures in a row (its back-off)
 }
 
 // info is the record's view of the stream: kept counts, and the bytes the
