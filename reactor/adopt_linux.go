@@ -200,12 +200,13 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 				r.log.Warn().Err(err).Str("exec_id", e.id).Msg("adopt: kept output")
 			}
 		}
-		ok := spooled
+		ok, fromStore := spooled, false
 		if k := a.stored[i]; k != nil && (!spooled || s.kept.lost || k.Total > s.kept.total) {
 			// No spool, or one abandoned (its data misses bytes): the
 			// exited record's copy is the whole of what was read before
 			// the exit.
 			s.kept, ok, spooled = keptFromStore(*k, e.params.OutputLimitBytes, st.Truncated), true, false
+			fromStore = true
 		}
 		if spooled && r.spooling() && s.fd >= 0 {
 			var err error
@@ -221,8 +222,13 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 		if e.params.Redact {
 			s.red = redact.New()
 			s.raw = s.kept.total
-			if ho != nil && ho.Raw[i] > 0 {
+			switch {
+			case ho != nil && ho.Raw[i] > 0:
 				s.raw = ho.Raw[i]
+			case fromStore:
+				// The exited record counts what the child wrote (raw) up
+				// to the same moment as the stored output.
+				s.raw = st.TotalBytes
 			}
 		}
 		if s.spool == nil && s.fd >= 0 && r.spooling() {

@@ -319,3 +319,27 @@ func TestAdoptedRunningWithoutSpoolSaysTruncated(t *testing.T) {
 		t.Errorf("stdout %q, record %+v: want what came after the restart, and truncated (the first line was lost with the crash)", out, got.Stdout)
 	}
 }
+
+// TestAdoptedRedactedExitCountsWhatTheChildWrote: a redacted stream's
+// total_bytes counts the bytes the child wrote, not the redacted ones kept.
+// Taken over from the exited record's stored output (no spool), it counted
+// the kept ones: 11 for the 21 bytes of an access key id and its newline.
+func TestAdoptedRedactedExitCountsWhatTheChildWrote(t *testing.T) {
+	writeExitsAtOnce(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(SpoolDir(dir), nil, 0o600); err != nil { // no spools
+		t.Fatal(err)
+	}
+	inner := store.NewMemory()
+	st := &neverAnswerExited{Store: inner, release: make(chan struct{})}
+	b := newStuckBackend()
+	t.Cleanup(func() { b.Release(); close(st.release) })
+	r1 := newCrashableWith(t, st, func(c *Config) { c.Backend, c.StateDir = b, dir })
+	id := startToRemoval(t, r1.Reactor, b, api.StartParams{Cwd: "/", Redact: true, Argv: []string{"echo", "AKIAABCDEFGHIJKLMNOP"}})
+	storedStateIs(t, inner, id, api.StateExited)
+	r2 := r1.crashAndAdopt(t)
+	got := r2.wait(id)
+	if out := r2.stdout(id); out != "[REDACTED]\n" || got.Stdout.TotalBytes != 21 {
+		t.Errorf("stdout %q, record %+v; want %q with total_bytes 21 (what the child wrote)", out, got.Stdout, "[REDACTED]\n")
+	}
+}
