@@ -133,6 +133,9 @@ func TestParseRun(t *testing.T) {
 		{name: "bad env", args: []string{"--env", "=x", "true"}, wantErr: "KEY=VALUE"},
 		{name: "unset env", args: []string{"--env", "NOPE_NOT_SET", "true"}, wantErr: "not set"},
 		{name: "bad label", args: []string{"--label", "novalue", "true"}, wantErr: "KEY=VALUE"},
+		{name: "non-UTF-8 argument", args: []string{"--", "printf", "%s", "a\xffb"}, wantErr: `argument 2 "a\xffb" is not valid UTF-8`},
+		{name: "non-UTF-8 env", args: []string{"--env", "K=\xfe", "true"}, wantErr: `--env "K" is not valid UTF-8`},
+		{name: "non-UTF-8 cwd", args: []string{"--cwd", "/tmp/\xff", "true"}, wantErr: `--cwd "/tmp/\xff" is not valid UTF-8`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -66,6 +67,11 @@ func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
 	if o.tasks < 0 {
 		return api.StartParams{}, fmt.Errorf("invalid --tasks %d: negative", o.tasks)
 	}
+	// The protocol carries text (JSON strings are UTF-8): invalid bytes
+	// would reach the daemon as U+FFFD, and a different command would run.
+	if err := checkUTF8(argv, o.env.m, o.cwd); err != nil {
+		return api.StartParams{}, err
+	}
 	if o.tty {
 		// A terminal program needs to know the terminal type: ours, as
 		// docker run -t and ssh pass it, unless --env sets one.
@@ -97,6 +103,26 @@ func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
 		TTY:              o.tty,
 		IdleTimeoutMS:    millis(o.idleTimeout.d),
 	}, nil
+}
+
+// checkUTF8 refuses a command, environment or working directory that is
+// not valid UTF-8, naming the first such argument.
+func checkUTF8(argv []string, env map[string]string, cwd string) error {
+	const why = "is not valid UTF-8, and corrald's protocol carries only text (it would run with U+FFFD in place of those bytes)"
+	for i, a := range argv {
+		if !utf8.ValidString(a) {
+			return fmt.Errorf("argument %d %q %s", i, a, why)
+		}
+	}
+	for k, v := range env {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return fmt.Errorf("--env %q %s", k, why)
+		}
+	}
+	if !utf8.ValidString(cwd) {
+		return fmt.Errorf("--cwd %q %s", cwd, why)
+	}
+	return nil
 }
 
 // parseRun parses run's arguments: flags up to the first non-flag argument
