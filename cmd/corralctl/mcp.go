@@ -36,7 +36,10 @@ func cmdMCP(e *env, g *globalFlags, args []string) int {
 	}
 	s := newMCPSession(g.socketPath(e))
 	srv := newMCPServer(s, slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	err := srv.Run(context.Background(), &mcp.IOTransport{Reader: io.NopCloser(e.stdin), Writer: nopWriteCloser{e.stdout}})
+	stdio := newMCPStdio(e.stdin, e.stdout, func(format string, args ...any) {
+		fmt.Fprintf(e.stderr, "corralctl: "+format+"\n", args...)
+	})
+	err := srv.Run(context.Background(), &mcp.IOTransport{Reader: stdio, Writer: stdio.out})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	s.close(ctx, *cancelOnExit)
 	cancel()
@@ -51,10 +54,6 @@ func isClientGone(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, io.ErrClosedPipe) ||
 		strings.Contains(err.Error(), "broken pipe") || strings.Contains(err.Error(), "file already closed")
 }
-
-type nopWriteCloser struct{ io.Writer }
-
-func (nopWriteCloser) Close() error { return nil }
 
 // newMCPServer builds the server with s's tools.
 func newMCPServer(s *mcpSession, logger *slog.Logger) *mcp.Server {
