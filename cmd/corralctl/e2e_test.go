@@ -99,6 +99,9 @@ func (d *fakeDaemon) Start(_ context.Context, caller api.Owner, p api.StartParam
 		cancelled: make(chan struct{}),
 		stdinEOF:  make(chan struct{}),
 	}
+	if u := p.Labels["unenforced"]; u != "" {
+		x.rec.Unenforced, x.rec.Backend = strings.Split(u, ","), "cgroup"
+	}
 	emit := func(stream, s string, announce bool) {
 		n := api.OutputNotification{ID: id, Stream: stream, Offset: int64(len(x.out[stream])), Data: []byte(s)}
 		x.out[stream] = append(x.out[stream], s...)
@@ -719,5 +722,24 @@ func TestRunPassesTraceparent(t *testing.T) {
 	defer d.mu.Unlock()
 	if len(d.traceparents) != 2 || d.traceparents[0] != tp || d.traceparents[1] != "" {
 		t.Errorf("exec.start traceparents = %q, want [%q \"\"]", d.traceparents, tp)
+	}
+}
+
+// TestRunWarnsOfUnenforcedLimits: a limit given as a flag that corrald could
+// not apply here (the record's unenforced) is said on stderr; one corrald
+// applied by default (tasks_max) is not, and the command runs as before.
+func TestRunWarnsOfUnenforcedLimits(t *testing.T) {
+	sock, _ := serveFake(t)
+	r := corralctl(t, sock, "", nil, "run", "--memory", "20M", "--label", "unenforced=memory_bytes,tasks_max", "--", "print")
+	if r.code != 0 || !strings.Contains(r.stderr, "--memory is not enforced") || strings.Contains(r.stderr, "--tasks") {
+		t.Errorf("run --memory with memory_bytes unenforced = %d, stderr %q; want 0 and a warning for --memory only", r.code, r.stderr)
+	}
+	r = corralctl(t, sock, "", nil, "run", "--detach", "--cpu", "1s", "--label", "unenforced=cpu_ms", "--", "hang")
+	if r.code != 0 || !strings.Contains(r.stderr, "--cpu is not enforced") {
+		t.Errorf("run --detach --cpu with cpu_ms unenforced = %d, stderr %q; want 0 and a warning for --cpu", r.code, r.stderr)
+	}
+	r = corralctl(t, sock, "", nil, "run", "--label", "unenforced=tasks_max", "--", "print")
+	if strings.Contains(r.stderr, "not enforced") {
+		t.Errorf("run without limit flags = stderr %q; want no warning for the daemon's default tasks_max", r.stderr)
 	}
 }

@@ -105,6 +105,28 @@ func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
 	}, nil
 }
 
+// warnUnenforced says on stderr which of the limits given as flags corrald
+// could not apply on this host (the record's unenforced): a --memory the
+// backend cannot enforce would otherwise look like one that was never hit.
+func warnUnenforced(e *env, p api.StartParams, rec api.Record) {
+	asked := map[string]string{}
+	if p.MemoryBytes > 0 {
+		asked["memory_bytes"] = "--memory"
+	}
+	if p.TasksMax > 0 {
+		asked["tasks_max"] = "--tasks"
+	}
+	if p.CPUMS > 0 {
+		asked["cpu_ms"] = "--cpu"
+	}
+	for _, u := range rec.Unenforced {
+		if flag, ok := asked[u]; ok {
+			fmt.Fprintf(e.stderr, "corralctl: warning: %s is not enforced: corrald's %s backend on this host cannot apply %s (see corrald's docs, \"Limits per kind of host\"); the command runs without it\n",
+				flag, rec.Backend, u)
+		}
+	}
+}
+
 // checkUTF8 refuses a command, environment or working directory that is
 // not valid UTF-8, naming the first such argument.
 func checkUTF8(argv []string, env map[string]string, cwd string) error {
@@ -190,6 +212,7 @@ func cmdRun(e *env, g *globalFlags, args []string) int {
 		return fail(e, exitFailure, "start %s: %s", argvString(p.Argv, 60), describe(err))
 	}
 
+	warnUnenforced(e, p, rec)
 	if o.detach {
 		if g.json {
 			if err := printJSON(e.stdout, rec); err != nil {
