@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/pflag"
 
@@ -205,9 +208,27 @@ func dial(ctx context.Context, e *env, g *globalFlags) (*ipc.Client, error) {
 		if errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "connection refused") {
 			return nil, fmt.Errorf("%w (is corrald running?)", err)
 		}
-		return nil, err
+		return nil, withSocketHint(err, g.socketPath(e))
 	}
 	return c, nil
+}
+
+// withSocketHint adds to a connect error refused for want of permission what
+// to do about it: corrald's socket is mode 0660, for its group.
+func withSocketHint(err error, path string) error {
+	if !errors.Is(err, os.ErrPermission) {
+		return err
+	}
+	group := "corral"
+	if fi, serr := os.Stat(path); serr == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			group = strconv.FormatUint(uint64(st.Gid), 10)
+			if g, gerr := user.LookupGroupId(group); gerr == nil {
+				group = g.Name
+			}
+		}
+	}
+	return fmt.Errorf("%w (the socket is for members of group %s: ask an administrator to add you (usermod -aG %s $USER, then log in again), or use a corrald of your own with --socket)", err, group, group)
 }
 
 // describe renders an error for the user; daemon errors show their code.

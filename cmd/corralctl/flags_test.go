@@ -1,9 +1,16 @@
 package main
 
 import (
+	"errors"
 	"io"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,5 +217,30 @@ func TestSocketPath(t *testing.T) {
 		if got := g.socketPath(e); got != tt.want {
 			t.Errorf("socketPath(flag %q, env %q) = %q, want %q", tt.flag, tt.env, got, tt.want)
 		}
+	}
+}
+
+// TestPermissionDeniedSaysWhatToDo: a connect refused for want of permission
+// (a user outside the socket's group) names the socket's group and how to
+// join it, not only "permission denied".
+func TestPermissionDeniedSaysWhatToDo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "corrald.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	grp, err := user.LookupGroupId(strconv.Itoa(os.Getgid()))
+	if err != nil {
+		t.Skipf("no name for gid %d: %v", os.Getgid(), err)
+	}
+	denied := &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", syscall.EACCES)}
+	got := withSocketHint(denied, path).Error()
+	if !strings.Contains(got, "permission denied") || !strings.Contains(got, "group "+grp.Name) || !strings.Contains(got, "usermod -aG "+grp.Name) {
+		t.Errorf("permission denied error = %q, want it to name group %s and how to join it", got, grp.Name)
+	}
+	other := errors.New("dial unix: i/o timeout")
+	if got := withSocketHint(other, path); got != other {
+		t.Errorf("another error = %v, want it unchanged", got)
 	}
 }

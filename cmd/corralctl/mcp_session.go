@@ -186,6 +186,8 @@ func (s *mcpSession) toolError(what, id string, err error) error {
 		return fmt.Errorf("%s: corrald answered error %d: %s", what, ae.Code, ae.Message)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return fmt.Errorf("%s: %v", what, err)
+	case errors.Is(err, os.ErrPermission):
+		return fmt.Errorf("%s: cannot connect to corrald: %v", what, withSocketHint(err, s.socket))
 	case retryable(err):
 		return fmt.Errorf("%s: corrald is not reachable at %s (%v): it is down or restarting; "+
 			"executions already started keep running. Start corrald (systemctl start corrald) or set CORRAL_SOCKET, then call the tool again", what, s.socket, err)
