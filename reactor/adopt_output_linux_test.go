@@ -2,6 +2,7 @@ package reactor
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -341,5 +342,79 @@ func TestAdoptedRedactedExitCountsWhatTheChildWrote(t *testing.T) {
 	got := r2.wait(id)
 	if out := r2.stdout(id); out != "[REDACTED]\n" || got.Stdout.TotalBytes != 21 {
 		t.Errorf("stdout %q, record %+v; want %q with total_bytes 21 (what the child wrote)", out, got.Stdout, "[REDACTED]\n")
+	}
+}
+
+// TestFailedHandoverKeepsAbandonedSpoolMarked: a handover of a stream
+// whose spool was abandoned (its file system full) writes the kept output
+// as its spool, and the handover then fails (the disk still full: the
+// write fails; or the exec fails): the old process carries on, and a crash
+// after that either gives back all that the child wrote or says it is
+// truncated. The handover wrote straight onto the spool's path: on a full
+// disk it truncated the marked file and left a page of it unmarked (4,093
+// of 20,012 bytes, truncated false); with room, it left the whole snapshot
+// unmarked while the stream stayed unspooled, and what came after it (the
+// disk full again) was lost with truncated false.
+func TestFailedHandoverKeepsAbandonedSpoolMarked(t *testing.T) {
+	script := `echo first; while [ ! -e "$0" ]; do sleep 0.01; done; head -c 20000 /dev/zero | tr '\0' y; echo
+while [ ! -e "$1" ]; do sleep 0.01; done; echo second; while [ ! -e "$2" ]; do sleep 0.01; done; echo last; exit 3`
+	ys := strings.Repeat("y", 20000) + "\n"
+	for _, tc := range []struct {
+		name string
+		room bool // room on the disk at the handover: the spool is written, the exec fails
+	}{
+		{"disk full at the handover", false},
+		{"exec fails", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := mountSmallTmpfs(t, "256k")
+			tmp := t.TempDir()
+			gates := []string{filepath.Join(tmp, "1"), filepath.Join(tmp, "2"), filepath.Join(tmp, "3")}
+			open := func(i int) {
+				t.Helper()
+				if err := os.WriteFile(gates[i], nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st := store.NewMemory()
+			r1 := newCrashableWith(t, st, func(c *Config) { c.StateDir = dir })
+			rec, err := r1.Start(context.Background(), root, api.StartParams{Cwd: "/", Argv: append([]string{"sh", "-c", script}, gates...)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitOutput(t, r1.Reactor, rec.ID, "first\n")
+			fillUp(t, dir)
+			open(0)
+			waitOutput(t, r1.Reactor, rec.ID, "first\n"+ys)
+			if tc.room {
+				if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			execErr := errors.New("exec failed")
+			err = r1.Handover(context.Background(), 2*time.Second, func(Handover) error { return execErr })
+			if err == nil || tc.room && !errors.Is(err, execErr) {
+				t.Fatalf("handover: %v, want it to fail", err)
+			}
+			if tc.room {
+				fillUp(t, dir)
+			}
+			open(1)
+			waitOutput(t, r1.Reactor, rec.ID, "first\n"+ys+"second\n")
+			r2 := r1.crashAndAdopt(t)
+			if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
+				t.Fatal(err)
+			}
+			open(2)
+			got := r2.wait(rec.ID)
+			if outcome(got) != api.OutcomeExited || got.ExitCode == nil || *got.ExitCode != 3 {
+				t.Errorf("outcome %s exit %s, want exited 3", outcome(got), exitCode(got))
+			}
+			want := "first\n" + ys + "second\nlast\n"
+			out := r2.stdout(rec.ID)
+			if !got.Stdout.Truncated && (out != want || got.Stdout.TotalBytes != int64(len(want))) {
+				t.Errorf("stdout %d of %d bytes, record %+v: want all of it, or truncated", len(out), len(want), got.Stdout)
+			}
+		})
 	}
 }

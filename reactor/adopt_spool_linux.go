@@ -266,8 +266,8 @@ func spoolT(k *keptOutput) int64 {
 	return k.tailOffset()
 }
 
-// writeSpoolFile writes k's kept output as a spool at path (for a
-// compaction, and for a handover when nothing was spooled).
+// writeSpoolFile writes k's kept output as a spool at path (replaceSpool's
+// file aside).
 func writeSpoolFile(path string, k *keptOutput) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("spool: %w", err)

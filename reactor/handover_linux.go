@@ -162,7 +162,12 @@ func (r *Reactor) describe() (Handover, error) {
 				continue
 			}
 			if !s.spool.working() {
-				if err := writeSpoolFile(spoolPath(r.cfg.StateDir, e.id, s.name), s.kept); err != nil {
+				// Written aside and renamed over the old file, and the
+				// stream spooled again: a handover that fails (this write
+				// on a full disk, or the exec) leaves the old marked file,
+				// or a working spool, never an unmarked one that later
+				// output does not reach.
+				if err := r.spoolKept(e, s); err != nil {
 					return Handover{}, fmt.Errorf("handover %s: %w", e.id, err)
 				}
 			}
