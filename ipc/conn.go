@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -448,7 +449,16 @@ func (c *conn) wireErrorFor(method string, err error) wireError {
 		if ae.Err != nil {
 			c.log.Debug().Str("method", method).Err(ae.Err).Int("code", int(ae.Code)).Msg("request failed")
 		}
-		return wireError{Code: ae.Code, Message: ae.Message}
+		w := wireError{Code: ae.Code, Message: ae.Message}
+		if ae.Code == api.CodeInvalidParams {
+			// Invalid params name their field first ("timeout_ms: must
+			// not be negative"); error.data.field names it, as for a
+			// field of the wrong type (docs/protocol.md, error codes).
+			if f := leadingField(ae.Message); f != "" {
+				w.Data = errorData{Field: f}
+			}
+		}
+		return w
 	}
 	var re *rpcError
 	if errors.As(err, &re) {
@@ -460,6 +470,33 @@ func (c *conn) wireErrorFor(method string, err error) wireError {
 		c.log.Error().Str("method", method).Err(err).Msg("request failed")
 	}
 	return wireError{Code: api.CodeInternal, Message: "internal error"}
+}
+
+// leadingField is the field an invalid-params message starts with: the text
+// before its first ": ", without a "params." prefix, when that is a field
+// path (letters, digits, '_', '.', and [N] indexes, as "argv[1]" or
+// "tty_size.rows"); "" otherwise ("offset, limit: ..." names two).
+func leadingField(msg string) string {
+	f, _, ok := strings.Cut(msg, ": ")
+	if !ok {
+		return ""
+	}
+	f = strings.TrimPrefix(f, "params.")
+	if f == "" {
+		return ""
+	}
+	for i := 0; i < len(f); i++ {
+		switch ch := f[i]; {
+		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch == '_':
+		case ch >= '0' && ch <= '9', ch == '.', ch == '[', ch == ']':
+			if i == 0 {
+				return ""
+			}
+		default:
+			return ""
+		}
+	}
+	return f
 }
 
 func errorToWire(e *rpcError) wireError {

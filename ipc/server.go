@@ -41,7 +41,8 @@ var ErrServerClosed = errors.New("ipc: server closed")
 //     unknown method; -32602 params not an object or a field of the wrong
 //     type: the message is "params.<field>: want <type>" and error.data is
 //     {"field": "<field>"}; a Service *api.Error gives its Code and Message
-//     (never its Err); anything else, panics included, is -32603 "internal
+//     (never its Err), and for -32602 error.data {"field"} too when its
+//     message starts with one ("timeout_ms: must not be negative"); anything else, panics included, is -32603 "internal
 //     error". The connection carries on after all of these.
 //   - Requests with an id, including id null, are answered; notifications
 //     (no id) are run and never answered, even when they fail.

@@ -105,6 +105,39 @@ func TestInvalidParamsNamesFieldInData(t *testing.T) {
 	}
 }
 
+// TestServiceInvalidParamsNameFieldInData: a -32602 from the service (its
+// own validation, "params.argv: required") carries error.data.field as one
+// the decoder raises does, so a client reads the field from data alone.
+func TestServiceInvalidParamsNameFieldInData(t *testing.T) {
+	path, _ := startServer(t, newFake(), nil)
+	c := dialRaw(t, path)
+	c.send(`{"jsonrpc":"2.0","id":1,"method":"exec.start","params":{"argv":[]}}`)
+	r := decodeResp(t, c.mustRead())
+	if r.Error == nil || r.Error.Code != api.CodeInvalidParams {
+		t.Fatalf("got %+v, want -32602", r.Error)
+	}
+	if got, want := string(r.Error.Data), `{"field":"argv"}`; got != want {
+		t.Errorf("error data = %s, want %s (message %q)", got, want, r.Error.Message)
+	}
+}
+
+func TestLeadingField(t *testing.T) {
+	for msg, want := range map[string]string{
+		"timeout_ms: must not be negative":      "timeout_ms",
+		"params.argv: required":                 "argv",
+		"argv[1]: contains a NUL byte":          "argv[1]",
+		"tty_size.rows: must be 1-10000":        "tty_size.rows",
+		"offset, limit: must not be negative":   "",
+		"unknown signal \"X\"":                  "",
+		"1st: odd":                              "",
+		"id: execution x has no terminal (...)": "id",
+	} {
+		if got := leadingField(msg); got != want {
+			t.Errorf("leadingField(%q) = %q, want %q", msg, got, want)
+		}
+	}
+}
+
 func TestBatch(t *testing.T) {
 	f := newFake()
 	path, _ := startServer(t, f, nil)
