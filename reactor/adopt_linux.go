@@ -201,10 +201,7 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 			}
 		}
 		ok, fromStore := spooled, false
-		if k := a.stored[i]; k != nil && (!spooled || s.kept.lost || k.Total > s.kept.total) {
-			// No spool, or one abandoned (its data misses bytes): the
-			// exited record's copy is the whole of what was read before
-			// the exit.
+		if k := a.stored[i]; k != nil && preferStored(k.Total, spooled, s.kept) {
 			s.kept, ok, spooled = keptFromStore(*k, e.params.OutputLimitBytes, st.Truncated), true, false
 			fromStore = true
 		}
@@ -355,6 +352,18 @@ func (r *Reactor) readopt(e *execution, a *Adoptee) {
 	if needsSampler(e) {
 		r.armSampler(e, 0)
 	}
+}
+
+// preferStored reports whether a stream's kept output is taken from the
+// exited record's copy, of stored bytes, rather than from its spool, sp
+// (spooled: there is one to go on with). The store's copy is the whole of
+// what was read before the record; the spool wins where it counts more
+// (output read after the record, the pipes being drained a bounded time
+// before it), even abandoned: its bytes are served with the record saying
+// truncated, where the store's copy would say whole what misses bytes. An
+// abandoned spool that counts no more gives way to the store's copy.
+func preferStored(stored int64, spooled bool, sp *keptOutput) bool {
+	return !spooled || stored > sp.total || sp.lost && stored >= sp.total
 }
 
 // keptFromStore is the kept output of a stream keeping limit bytes as the

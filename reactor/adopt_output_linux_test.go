@@ -2,6 +2,7 @@ package reactor
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -75,6 +76,51 @@ func TestAdoptedExitWithoutSpoolKeepsStoredOutput(t *testing.T) {
 	eo, err := r2.Output(context.Background(), root, api.OutputParams{ID: id, Stream: "stderr"})
 	if err != nil || string(eo.Data) != "err\n" || got.Stderr != wantFour {
 		t.Errorf("stderr %q (%v), record %+v; want %q, 4 bytes kept", eo.Data, err, got.Stderr, "err\n")
+	}
+}
+
+// TestAdoptedExitPrefersTheLongerAbandonedSpool: the exited record carries
+// X bytes of kept output (no working spool at the exit), and output read
+// after it (the pipes are drained a bounded time before the record) went
+// into a spool made again later and then abandoned: the restart finds a
+// spool marked as missing bytes that holds more than the store's copy. It
+// keeps the spool's bytes and says truncated. The store's copy won because
+// the spool was abandoned: X bytes with truncated false, although more
+// were read and served. The spool is written here as the earlier process
+// would have left it.
+func TestAdoptedExitPrefersTheLongerAbandonedSpool(t *testing.T) {
+	writeExitsAtOnce(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(SpoolDir(dir), nil, 0o600); err != nil { // a file where the directory goes
+		t.Fatal(err)
+	}
+	inner := store.NewMemory()
+	st := &neverAnswerExited{Store: inner, release: make(chan struct{})}
+	b := newStuckBackend()
+	t.Cleanup(func() { b.Release(); close(st.release) })
+	r1 := newCrashableWith(t, st, func(c *Config) { c.Backend, c.StateDir = b, dir })
+	id := startToRemoval(t, r1.Reactor, b, api.StartParams{Cwd: "/", Argv: []string{"sh", "-c", "echo out; exit 4"}})
+	storedStateIs(t, inner, id, api.StateExited)
+	cst := r1.crash(t)
+	if err := os.Remove(SpoolDir(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(SpoolDir(dir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const spooled = "out\nread after the exited record\n"
+	hdr := make([]byte, spoolHeader)
+	binary.LittleEndian.PutUint64(hdr, spoolLost)
+	if err := os.WriteFile(spoolPath(dir, id, RoleStdout), append(hdr, spooled...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	adopt := r1.adoptees(t, cst)
+	r2 := newTestReactor(t, func(cfg *Config) {
+		cfg.Store, cfg.FdStore, cfg.StateDir, cfg.Adopt, cfg.Subreaper = cst, r1.fs, dir, adopt, false
+	})
+	got := r2.wait(id)
+	if out := r2.stdout(id); out != spooled || got.Stdout != (api.StreamInfo{TotalBytes: int64(len(spooled)), KeptBytes: int64(len(spooled)), Truncated: true}) {
+		t.Errorf("stdout %q, record %+v; want the spool's %d bytes, truncated", out, got.Stdout, len(spooled))
 	}
 }
 
