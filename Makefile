@@ -33,8 +33,10 @@ docs: build
 
 # Runs corrald in the foreground (as root). Another shell:
 #   bin/corralctl run -- echo hello
+# Beside another corrald: make run SOCKET=/tmp/c.sock STATEDIR=/tmp/corral
+#   CORRALD_FLAGS='--cgroup-base /sys/fs/cgroup/unified/corral-2' (or --slice)
 run: build
-	$(BIN)/corrald --socket $(SOCKET) --state-dir $(STATEDIR) --log-format console
+	$(BIN)/corrald --socket $(SOCKET) --state-dir $(STATEDIR) --log-format console $(CORRALD_FLAGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

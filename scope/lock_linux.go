@@ -35,6 +35,9 @@ var (
 // Lock takes an exclusive flock on the base directory itself.
 func (b *cgroupBackend) Lock() (io.Closer, error) {
 	f, err := flockPath(b.base, unix.O_RDONLY|unix.O_DIRECTORY)
+	if errors.Is(err, ErrScopesInUse) {
+		return nil, fmt.Errorf("cgroup base %s: %w; stop it, or give this corrald a base of its own with --cgroup-base (e.g. %s-2)", b.base, err, b.base)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cgroup base %s: %w", b.base, err)
 	}
@@ -48,6 +51,9 @@ func (b *systemdBackend) Lock() (io.Closer, error) {
 	}
 	path := filepath.Join(SliceLockDir, b.opts.Slice+".lock")
 	f, err := flockPath(path, unix.O_RDWR|unix.O_CREAT)
+	if errors.Is(err, ErrScopesInUse) {
+		return nil, fmt.Errorf("slice %s: %w; stop it, or give this corrald a slice of its own with --slice", b.opts.Slice, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("slice %s: %w", b.opts.Slice, err)
 	}
