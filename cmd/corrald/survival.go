@@ -225,8 +225,14 @@ func (sv *survival) plan(st store.Store, backend scope.Backend, stateDir string,
 				rec.PID, rec.Scope = reactor.StartedScope(backend, rec, fds)
 			}
 		case api.StateExited:
-			// Only its cleanup was left (or under way at a handover).
+			// Only its cleanup was left (or under way at a handover). A
+			// spool of either stream holds output the record may not carry
+			// (the other stream's spool could not be opened, and it stayed
+			// quiet).
 			_, err := os.Stat(filepath.Join(reactor.SpoolDir(stateDir), rec.ID+".stdout"))
+			if err != nil {
+				_, err = os.Stat(filepath.Join(reactor.SpoolDir(stateDir), rec.ID+".stderr"))
+			}
 			_, handed := sv.handover[rec.ID]
 			adopt = len(fds) > 0 || err == nil || handed
 		}

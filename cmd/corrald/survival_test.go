@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -97,11 +99,17 @@ func devNull(t *testing.T) int {
 // took out of the fd store.
 func planned(t *testing.T, st store.Store, b scope.Backend, fdStore bool, byID map[string]map[string]int) (*survival, *[]string) {
 	t.Helper()
+	return plannedIn(t, st, b, fdStore, byID, t.TempDir())
+}
+
+// plannedIn is planned with stateDir as the state directory.
+func plannedIn(t *testing.T, st store.Store, b scope.Backend, fdStore bool, byID map[string]map[string]int, stateDir string) (*survival, *[]string) {
+	t.Helper()
 	var removed []string
 	sv := &survival{byID: byID, execWait: 500 * time.Millisecond,
 		fdRemove: func(name string) { removed = append(removed, name) }}
 	sv.info.FdStore = fdStore
-	sv.plan(st, b, t.TempDir(), zerolog.New(io.Discard))
+	sv.plan(st, b, stateDir, zerolog.New(io.Discard))
 	t.Cleanup(func() {
 		for _, a := range sv.adopt {
 			for _, fd := range a.Fds {
@@ -255,5 +263,42 @@ func TestRestartUndecidedShimsWaitOnce(t *testing.T) {
 	// One wait is sv.execWait; one per shim would be n of them.
 	if d := sv.execWait; took < d || took >= n*d {
 		t.Errorf("%d undecided shims took %v; want one wait of %v (one each: %v)", n, took, d, n*d)
+	}
+}
+
+// An exited record whose fds did not come back is taken over where a spool
+// of any of its streams is left: one with only a stderr spool (stdout's
+// could not be opened, EMFILE, and stdout stayed quiet, so the exited
+// record carried no output) is taken over, and its stderr output with it.
+// Only a stdout spool counted: the record was settled without it and the
+// stderr spool deleted as debris.
+func TestRestartTakesOverExitedWithAnySpool(t *testing.T) {
+	for _, stream := range []string{"stdout", "stderr"} {
+		t.Run(stream, func(t *testing.T) {
+			st := store.NewMemory()
+			startedRecord(t, st, "x1")
+			rec, _, _ := st.Get("x1")
+			code := 0
+			now := time.Now()
+			rec.State, rec.PID, rec.StartedAt = api.StateRunning, 1, &now
+			if res := <-st.Transition(api.StateStarted, rec); res.Err != nil || !res.Applied {
+				t.Fatalf("running: %+v", res)
+			}
+			rec.State, rec.ExitCode, rec.ExitedAt = api.StateExited, &code, &now
+			if res := <-st.Transition(api.StateRunning, rec); res.Err != nil || !res.Applied {
+				t.Fatalf("exited: %+v", res)
+			}
+			dir := t.TempDir()
+			if err := os.MkdirAll(reactor.SpoolDir(dir), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(reactor.SpoolDir(dir), "x1."+stream), make([]byte, 8), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			sv, _ := plannedIn(t, st, fakeBackend{scope.PlaceHeld, false}, true, map[string]map[string]int{}, dir)
+			if !sv.adopted("x1") {
+				t.Errorf("exited record with a %s spool not taken over", stream)
+			}
+		})
 	}
 }
