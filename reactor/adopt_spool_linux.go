@@ -111,8 +111,9 @@ func (sp *spool) write(chunk []byte, k *keptOutput) {
 // that a restart after a crash does not take what it holds for the whole
 // stream. Where even that write fails the file is emptied (a spool without
 // a header reads as bytes lost, as one whose newSpool failed), and failing
-// that removed: no spool is better than one that reads as whole. Loop
-// goroutine only.
+// that removed: a restart then knows only the record's counts and does not
+// say truncated (as where the spool's file could not be created), but it
+// serves no stale data as the whole stream. Loop goroutine only.
 func (sp *spool) abandon(err error) {
 	sp.err = err
 	var hdr [spoolHeader]byte
