@@ -235,6 +235,11 @@ func withSocketHint(err error, path string) error {
 func describe(err error) string {
 	var ae *api.Error
 	if errors.As(err, &ae) {
+		if ae.Code == api.CodeNotFound {
+			// corrald says the same of another user's execution and of
+			// an expired record, so say which they can be.
+			return fmt.Sprintf("%v (code %d): it does not exist, is another user's, or its record has expired; corralctl ps lists yours", err, ae.Code)
+		}
 		return fmt.Sprintf("%v (code %d)", err, ae.Code)
 	}
 	return err.Error()

@@ -636,7 +636,7 @@ func TestOtherCommands(t *testing.T) {
 		t.Errorf("status --json = %s", r.stdout)
 	}
 	r = must(corralctl(t, sock, "", nil, "status", "nope"), 1)
-	if !strings.Contains(r.stderr, "execution not found (code -32001)") {
+	if !strings.Contains(r.stderr, "execution not found (code -32001): it does not exist, is another user's, or its record has expired; corralctl ps lists yours") {
 		t.Errorf("status nope: stderr %q", r.stderr)
 	}
 	must(corralctl(t, sock, "", nil, "status"), 2)
