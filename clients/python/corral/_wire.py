@@ -63,7 +63,18 @@ def encode_request(rid: int, method: str, params: Any) -> bytes:
     msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
     if params is not None:
         msg["params"] = params
-    line = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+    # ensure_ascii=False: a str that is not valid UTF-8 (os.fsdecode() of
+    # undecodable bytes leaves lone surrogates) fails here instead of being
+    # sent as a \udcXX escape, which corrald reads as U+FFFD: another command.
+    try:
+        line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    except UnicodeEncodeError as e:
+        bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
+        raise CorralError(
+            INVALID_PARAMS,
+            f"{method}: a string is not valid UTF-8 ({bad!r}, as os.fsdecode() leaves undecodable bytes): "
+            "corrald's protocol carries only text, and those bytes would arrive as U+FFFD",
+        ) from None
     if len(line) > MAX_LINE_BYTES:
         raise CorralError(INVALID_REQUEST, f"{method}: request is {len(line)} bytes, over corrald's {MAX_LINE_BYTES}-byte line limit")
     return line

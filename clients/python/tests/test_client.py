@@ -429,6 +429,16 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, corral.INVALID_REQUEST)
         self.assertTrue(self.c.info().version)
 
+    def test_non_utf8_argument_is_refused(self):
+        # A str holding undecodable bytes (os.fsdecode) cannot travel as
+        # text: refused before it is sent, not run with U+FFFD in its place.
+        with self.assertRaises(corral.CorralError) as cm:
+            self.c.start(["printf", "%s", os.fsdecode(b"a\xffb")])
+        self.assertEqual(cm.exception.code, corral.INVALID_PARAMS)
+        self.assertIn("not valid UTF-8", str(cm.exception))
+        r = self.c.run(["printf", "%s", "h\u00e9llo \u2603"])
+        self.assertEqual(r.stdout, "h\u00e9llo \u2603".encode())
+
     def test_permission_denied_for_another_user(self):
         user = os.environ.get("CORRAL_TEST_USER")
         self.assertTrue(user, "CORRAL_TEST_USER is not set")
