@@ -37,8 +37,11 @@ type parkedRead struct {
 // outputLimit validates exec.output's params and returns the effective
 // limit.
 func outputLimit(p api.OutputParams) (int64, error) {
-	if p.Offset < 0 || p.Limit < 0 {
-		return 0, api.Errorf(api.CodeInvalidParams, "offset, limit: must not be negative")
+	if p.Offset < 0 {
+		return 0, api.Errorf(api.CodeInvalidParams, "offset: must not be negative")
+	}
+	if p.Limit < 0 {
+		return 0, api.Errorf(api.CodeInvalidParams, "limit: must not be negative")
 	}
 	if p.WaitMS < 0 {
 		return 0, api.Errorf(api.CodeInvalidParams, "wait_ms: must not be negative")
