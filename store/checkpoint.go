@@ -99,7 +99,10 @@ func (s *SQLite) afterCommit() {
 		return
 	}
 	var busy, log, done int64
-	err := s.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &log, &done)
+	row, err := wquery(context.Background(), s.w.truncate)
+	if err == nil {
+		err = int64s(row, &busy, &log, &done)
+	}
 	if err != nil || busy != 0 {
 		s.log.Warn().Err(err).Str("path", s.path).Int64("frames", log).Msg("store checkpoint (truncate) did not complete")
 		return

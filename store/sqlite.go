@@ -69,13 +69,12 @@ type SQLite struct {
 	maxBatch int
 
 	wdb  *sql.DB   // owns conn; closed by Close
-	conn *sql.Conn // the write connection; used only by the writer goroutine after Open
+	conn *sql.Conn // the write connection; after Open only the writer goroutine's, through the driver (wconn.go)
 	rdb  *sql.DB   // read pool
 	cdb  *sql.DB   // the checkpointer's connection (checkpoint.go)
 	lock *os.File  // flock on the state directory, held until Close
 
-	stmtInsert, stmtUpdate, stmtState, stmtOutput, stmtSaveOutput *sql.Stmt
-	stmtDelOutputs, stmtDelExecs                                  *sql.Stmt
+	w *wconn // the writer's statements on conn's driver connection (wconn.go); writer goroutine only
 
 	mu      sync.Mutex // guards queue, pending and closing
 	queue   []writeOp
@@ -167,7 +166,10 @@ func OpenOptions(dir string, log zerolog.Logger, o Options) (*SQLite, error) {
 		s.closeDBs()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	go s.writer()
+	if err := s.startWriter(); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
 	go s.checkpointer()
 	log.Info().Str("path", path).Str("synchronous", o.Synchronous).Int("schema", SchemaVersion).Msg("store opened")
 	return s, nil
@@ -213,29 +215,6 @@ func (s *SQLite) open(o Options) error {
 	if err := migrate(ctx, s.conn); err != nil {
 		return err
 	}
-	prep := func(dst **sql.Stmt, q string) {
-		if err != nil {
-			return
-		}
-		*dst, err = s.conn.PrepareContext(ctx, q)
-	}
-	prep(&s.stmtInsert, `INSERT INTO executions
-		(id, owner_uid, state, outcome, created_at, cleaned_at, labels, argv, params, record)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`)
-	prep(&s.stmtUpdate, `UPDATE executions SET state = ?, outcome = ?, cleaned_at = ?, record = ?
-		WHERE id = ? AND state <= ?`)
-	prep(&s.stmtState, `SELECT state FROM executions WHERE id = ?`)
-	prep(&s.stmtOutput, `INSERT OR REPLACE INTO outputs (id, stream, head, tail, tail_offset, total)
-		VALUES (?, ?, ?, ?, ?, ?)`)
-	prep(&s.stmtSaveOutput, `INSERT OR REPLACE INTO outputs (id, stream, head, tail, tail_offset, total)
-		SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM executions WHERE id = ?)`)
-	prep(&s.stmtDelOutputs, `DELETE FROM outputs WHERE id IN
-		(SELECT id FROM executions WHERE state = ? AND cleaned_at < ?)`)
-	prep(&s.stmtDelExecs, `DELETE FROM executions WHERE state = ? AND cleaned_at < ?`)
-	if err != nil {
-		return fmt.Errorf("prepare: %w", err)
-	}
-
 	s.rdb, err = sql.Open("sqlite", s.path+"?"+busy+"&_pragma=query_only(1)")
 	if err != nil {
 		return err
@@ -305,12 +284,6 @@ func (s *SQLite) Close() error {
 
 func (s *SQLite) closeDBs() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{s.stmtInsert, s.stmtUpdate, s.stmtState, s.stmtOutput,
-		s.stmtSaveOutput, s.stmtDelOutputs, s.stmtDelExecs} {
-		if st != nil {
-			errs = append(errs, st.Close())
-		}
-	}
 	if s.conn != nil {
 		errs = append(errs, s.conn.Close())
 	}

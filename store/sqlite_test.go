@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"os"
@@ -185,7 +186,7 @@ func TestOneBadWriteInABatch(t *testing.T) {
 type failingOp struct{ ch chan error }
 
 func (op failingOp) apply(ctx context.Context, s *SQLite) error {
-	_, err := s.conn.ExecContext(ctx, `INSERT INTO no_such_table VALUES (1)`)
+	_, err := s.w.conn.(driver.ExecerContext).ExecContext(ctx, `INSERT INTO no_such_table VALUES (1)`, nil)
 	return err
 }
 func (op failingOp) finish(err error) { op.ch <- err }
@@ -371,12 +372,29 @@ func TestDiskFull(t *testing.T) {
 		t.Errorf("Get on a full disk = %v, %v; want the earlier record", ok, err)
 	}
 
+	// The record fits in SQLite's page cache: it is the write's commit,
+	// writing the WAL, that fails (the INSERT's own, in autocommit), and
+	// the writer's statements (prepared once, on the driver's connection)
+	// must come out of it usable for a transaction and a lone write alike.
+
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
 	mustCreate(t, s, newRecord("after", 1000, 2, nil))
 	if h := s.Health(); h != nil {
 		t.Errorf("Health() = %v after space came back, want nil", h)
+	}
+	rec := mustGet(t, s, "after")
+	rec.State = api.StateExited
+	mustTransition(t, s, api.StateStarted, rec, Output{Stream: Stdout, Kept: KeptOutput{Head: []byte("out"), Total: 3, TailOffset: 3}})
+	if k, ok, err := s.Output("after", Stdout); err != nil || !ok || string(k.Head) != "out" {
+		t.Errorf("after: output %q, %v, %v after a transaction following the failed commit, want \"out\"", k.Head, ok, err)
+	}
+	rec = mustGet(t, s, "before")
+	rec.State = api.StateRunning
+	mustTransition(t, s, api.StateStarted, rec)
+	if got := mustGet(t, s, "before"); got.State != api.StateRunning {
+		t.Errorf("before: state %s after a transition following the failed commit, want running", got.State)
 	}
 }
 
@@ -621,4 +639,93 @@ func BenchmarkLifecycle(b *testing.B) {
 	b.ReportMetric(float64(st.Commits-before.Commits)/float64(b.N), "commits/op")
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)*99/100])/1e6, "p99-ms")
+}
+
+// BenchmarkExitTransition is (b)'s store part: one record's running ->
+// exited transition, alone in its commit, from the call to the answer (the
+// writer's callback), as a followed execution's exit makes it.
+func BenchmarkExitTransition(b *testing.B) {
+	s, err := OpenOptions(b.TempDir(), zerolog.Nop(), Options{Synchronous: SyncNormal})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	took := make([]time.Duration, 0, b.N)
+	done := make(chan Result, 1)
+	cb := func(r Result) { done <- r }
+	recs := make([]api.Record, b.N)
+	for i := range b.N {
+		rec := newRecord(fmt.Sprintf("exit%d", i), 1000, i, map[string]string{"tool_call": "bench"})
+		rec.Argv = []string{"sleep", "60"}
+		if err := <-s.Create(rec, nil); err != nil {
+			b.Fatal(err)
+		}
+		rec.State = api.StateRunning
+		if r := <-s.Transition(api.StateStarted, rec); r.Err != nil {
+			b.Fatal(r.Err)
+		}
+		rec.State = api.StateExited
+		recs[i] = rec
+	}
+	gap, _ := time.ParseDuration(os.Getenv("CORRAL_STORE_BENCH_GAP"))
+	b.ResetTimer()
+	for i := range b.N {
+		if gap > 0 {
+			time.Sleep(gap) // the writer parks between exits, as in (b)
+		}
+		t0 := time.Now()
+		s.TransitionFunc(api.StateRunning, recs[i], cb)
+		if r := <-done; r.Err != nil || !r.Applied {
+			b.Fatalf("transition: %+v", r)
+		}
+		took = append(took, time.Since(t0))
+	}
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2])/1e3, "p50-us")
+	b.ReportMetric(float64(took[len(took)*99/100])/1e3, "p99-us")
+}
+
+// sqlOp is a write of arbitrary SQL, on the writer's connection.
+type sqlOp struct {
+	q  string
+	ch chan error
+}
+
+func (op sqlOp) apply(ctx context.Context, s *SQLite) error {
+	_, err := s.w.conn.(driver.ExecerContext).ExecContext(ctx, op.q, nil)
+	return err
+}
+func (op sqlOp) finish(err error) { op.ch <- err }
+
+// TestTransitionWithOutputIsAtomic: a lone write of one statement is its
+// own transaction (autocommit), but a transition that writes kept output
+// with it stays one transaction of both: when the output cannot be written,
+// the record keeps its state, and a lone transition after it is applied.
+func TestTransitionWithOutputIsAtomic(t *testing.T) {
+	s := openTemp(t, t.TempDir())
+	rec := newRecord("atomic", 1000, 0, nil)
+	mustCreate(t, s, rec)
+	rec.State = api.StateRunning
+	mustTransition(t, s, api.StateStarted, rec)
+
+	op := sqlOp{q: `CREATE TEMP TRIGGER outputs_refused BEFORE INSERT ON outputs
+		BEGIN SELECT RAISE(ABORT, 'output refused'); END`, ch: make(chan error, 1)}
+	s.enqueue(op)
+	if err := <-op.ch; err != nil {
+		t.Fatalf("create trigger: %v", err)
+	}
+	exited := rec
+	exited.State = api.StateExited
+	out := Output{Stream: Stdout, Kept: KeptOutput{Head: []byte("hi\n"), Total: 3, TailOffset: 3}}
+	if r := <-s.Transition(api.StateRunning, exited, out); r.Err == nil {
+		t.Fatalf("Transition with a refused output = %+v, want an error", r)
+	}
+	if got := mustGet(t, s, "atomic"); got.State != api.StateRunning {
+		t.Errorf("state %s after a transition whose output failed, want running (nothing of it kept)", got.State)
+	}
+	mustTransition(t, s, api.StateRunning, exited)
+	if got := mustGet(t, s, "atomic"); got.State != api.StateExited {
+		t.Errorf("state %s after a lone transition, want exited", got.State)
+	}
 }

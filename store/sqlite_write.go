@@ -16,7 +16,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -88,11 +87,38 @@ func (s *SQLite) take(max int) (ops []writeOp, closing bool) {
 	return ops, s.closing
 }
 
+// startWriter starts the writer goroutine on the write connection's driver
+// connection (wconn.go) and returns once it has prepared its statements, or
+// failed to.
+func (s *SQLite) startWriter() error {
+	ready := make(chan error, 1)
+	go func() {
+		defer close(s.stopped)
+		started := false
+		err := s.conn.Raw(func(dc any) error {
+			w, err := prepareWrites(context.Background(), dc)
+			if err != nil {
+				return err
+			}
+			started = true
+			s.w = w
+			ready <- nil
+			s.writer()
+			return w.close()
+		})
+		if !started {
+			ready <- fmt.Errorf("start writer: %w", err)
+		} else if err != nil {
+			s.log.Warn().Err(err).Str("path", s.path).Msg("store: close the writer's statements")
+		}
+	}()
+	return <-ready
+}
+
 // writer is the goroutine that owns the write connection. While it commits
 // one batch the next one queues up, so the number of commits (fsyncs) per
 // second stays bounded while writes per commit grow with load.
 func (s *SQLite) writer() {
-	defer close(s.stopped)
 	for {
 		ops, closing := s.take(s.maxBatch)
 		if len(ops) == 0 {
@@ -127,6 +153,14 @@ func (s *SQLite) runBatch(ops []writeOp) {
 // (up to maxBatch in all) join it before the COMMIT. It returns every write
 // the transaction held (applied or not when it failed). On failure nothing
 // of it is kept.
+//
+// A lone write of one statement (oneStatement) is that statement alone, in
+// SQLite's autocommit: the statement is its own transaction, begun and
+// committed in its one step, with no BEGIN IMMEDIATE and COMMIT of its own
+// to run (the commit of a followed execution's exit is one, issue 11 (b)).
+// Nothing joins it: what was queued meanwhile is the next batch. The
+// writer is the only writer, so the statement's write lock, taken after
+// its read began, is never refused for a newer snapshot (SQLITE_BUSY).
 func (s *SQLite) commit(ops []writeOp, join bool) (_ []writeOp, err error) {
 	ctx := context.Background()
 	defer func() {
@@ -135,11 +169,20 @@ func (s *SQLite) commit(ops []writeOp, join bool) (_ []writeOp, err error) {
 			// COMMIT may fail leaving the transaction open (SQLITE_BUSY)
 			// or already rolled back (SQLITE_FULL): roll back either way
 			// so the connection is usable for the next batch.
-			_, _ = s.conn.ExecContext(ctx, "ROLLBACK")
+			_, _ = wexec(ctx, s.w.rollback)
 			s.setHealth(err)
 		}
 	}()
-	if _, err := s.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	if len(ops) == 1 {
+		if o, ok := ops[0].(oneStatement); ok && o.oneStatement() {
+			if err := ops[0].apply(ctx, s); err != nil {
+				return ops, fmt.Errorf("store %s: %w", s.path, err)
+			}
+			s.committed(ops)
+			return ops, nil
+		}
+	}
+	if _, err := wexec(ctx, s.w.begin); err != nil {
 		return ops, fmt.Errorf("store %s: begin: %w", s.path, err)
 	}
 	for i := 0; i < len(ops); i++ {
@@ -151,9 +194,27 @@ func (s *SQLite) commit(ops []writeOp, join bool) (_ []writeOp, err error) {
 			ops = append(ops, more...)
 		}
 	}
-	if _, err := s.conn.ExecContext(ctx, "COMMIT"); err != nil {
+	if _, err := wexec(ctx, s.w.commit); err != nil {
 		return ops, fmt.Errorf("store %s: commit: %w", s.path, err)
 	}
+	s.committed(ops)
+	return ops, nil
+}
+
+// oneStatement is a write that may say it writes with one statement.
+type oneStatement interface {
+	oneStatement() bool
+}
+
+func (op *createOp) oneStatement() bool     { return true }
+func (op *saveOutputOp) oneStatement() bool { return true }
+
+// oneStatement: the UPDATE alone, with no kept output to write with it
+// (the state read after an UPDATE that changed nothing writes nothing).
+func (op *transitionOp) oneStatement() bool { return len(op.outs) == 0 }
+
+// committed counts the commit of ops. Writer goroutine only.
+func (s *SQLite) committed(ops []writeOp) {
 	s.commits.Add(1)
 	n := int64(len(ops))
 	for _, op := range ops {
@@ -163,7 +224,6 @@ func (s *SQLite) commit(ops []writeOp, join bool) (_ []writeOp, err error) {
 	}
 	s.writes.Add(n)
 	s.setHealth(nil)
-	return ops, nil
 }
 
 // --- writes ---
@@ -195,11 +255,7 @@ func (s *SQLite) Create(rec api.Record, params []byte) <-chan error {
 }
 
 func (op *createOp) apply(ctx context.Context, s *SQLite) error {
-	res, err := s.stmtInsert.ExecContext(ctx, op.row...)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", op.rec.ID, err)
-	}
-	n, err := res.RowsAffected()
+	n, err := wexec(ctx, s.w.insert, op.row...)
 	if err != nil {
 		return fmt.Errorf("create %s: %w", op.rec.ID, err)
 	}
@@ -289,18 +345,17 @@ func (s *SQLite) transition(from api.State, rec api.Record, outs []Output, fail 
 
 func (op *transitionOp) apply(ctx context.Context, s *SQLite) error {
 	op.res = Result{}
-	res, err := s.stmtUpdate.ExecContext(ctx, op.row...)
+	n, err := wexec(ctx, s.w.update, op.row...)
 	if err != nil {
 		return fmt.Errorf("transition %s %s -> %s: %w", op.id, op.from, op.to, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("transition %s: %w", op.id, err)
-	}
 	if n == 0 {
-		var st int
-		err := s.stmtState.QueryRowContext(ctx, op.id).Scan(&st)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		var st int64
+		row, err := wquery(ctx, s.w.state, op.id)
+		if err == nil {
+			err = int64s(row, &st)
+		}
+		if err != nil && !errors.Is(err, errNoRows) {
 			return fmt.Errorf("transition %s: read state: %w", op.id, err)
 		}
 		op.res.State = api.State(st)
@@ -309,7 +364,7 @@ func (op *transitionOp) apply(ctx context.Context, s *SQLite) error {
 	op.res = Result{Applied: true, State: op.to}
 	for _, o := range op.outs {
 		k := o.Kept
-		if _, err := s.stmtOutput.ExecContext(ctx, op.id, o.Stream, k.Head, k.Tail, k.TailOffset, k.Total); err != nil {
+		if _, err := wexec(ctx, s.w.output, op.id, o.Stream, k.Head, k.Tail, k.TailOffset, k.Total); err != nil {
 			return fmt.Errorf("transition %s: save %s: %w", op.id, o.Stream, err)
 		}
 	}
@@ -361,13 +416,9 @@ func (s *SQLite) SaveOutput(id string, out Output) <-chan error {
 
 func (op *saveOutputOp) apply(ctx context.Context, s *SQLite) error {
 	k := op.out.Kept
-	res, err := s.stmtSaveOutput.ExecContext(ctx, op.id, op.out.Stream, k.Head, k.Tail, k.TailOffset, k.Total, op.id)
+	n, err := wexec(ctx, s.w.saveOutput, op.id, op.out.Stream, k.Head, k.Tail, k.TailOffset, k.Total, op.id)
 	if err != nil {
 		return fmt.Errorf("save output %s %s: %w", op.id, op.out.Stream, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("save output %s: %w", op.id, err)
 	}
 	op.missing = n == 0
 	return nil
@@ -402,14 +453,10 @@ func (s *SQLite) DeleteCleanedBefore(t time.Time) (int, error) {
 }
 
 func (op *deleteOp) apply(ctx context.Context, s *SQLite) error {
-	if _, err := s.stmtDelOutputs.ExecContext(ctx, int(api.StateCleaned), op.before); err != nil {
+	if _, err := wexec(ctx, s.w.delOutputs, int(api.StateCleaned), op.before); err != nil {
 		return fmt.Errorf("delete cleaned outputs: %w", err)
 	}
-	res, err := s.stmtDelExecs.ExecContext(ctx, int(api.StateCleaned), op.before)
-	if err != nil {
-		return fmt.Errorf("delete cleaned: %w", err)
-	}
-	n, err := res.RowsAffected()
+	n, err := wexec(ctx, s.w.delExecs, int(api.StateCleaned), op.before)
 	if err != nil {
 		return fmt.Errorf("delete cleaned: %w", err)
 	}
