@@ -40,6 +40,7 @@ type faultyBackend struct {
 	kills, removes atomic.Int32
 	mu             sync.Mutex
 	killedAt       time.Time // first Kill that reached the tree
+	inKill         int       // Kill calls under way
 }
 
 func (b *faultyBackend) Prepare(ctx context.Context, spec scope.Spec) (scope.Scope, error) {
@@ -61,9 +62,20 @@ func emfile(op, path string) error {
 
 func (s *faultyScope) Kill() error {
 	s.b.kills.Add(1)
+	s.b.mu.Lock()
+	s.b.inKill++
+	s.b.mu.Unlock()
+	defer func() {
+		s.b.mu.Lock()
+		s.b.inKill--
+		s.b.mu.Unlock()
+	}()
 	if s.b.killFault.Load() || s.b.killFails.Add(-1) >= 0 {
 		return emfile("open", filepath.Join(s.Name(), "cgroup.kill"))
 	}
+	// When the kill that gets through was sent: taken before it, since the
+	// tree it kills may be gone, and cleaned recorded, before Kill returns.
+	at := time.Now()
 	if s.b.realFails.Add(-1) >= 0 {
 		err := atFDLimit(s.Scope.Kill)
 		s.b.realErr.Store(fmt.Errorf("kill at the fd limit: %w", err))
@@ -75,7 +87,7 @@ func (s *faultyScope) Kill() error {
 	}
 	s.b.mu.Lock()
 	if s.b.killedAt.IsZero() {
-		s.b.killedAt = time.Now()
+		s.b.killedAt = at
 	}
 	s.b.mu.Unlock()
 	return nil
@@ -113,10 +125,18 @@ func (s *faultyScope) WatchEmpty() (scope.EmptyWatch, error) {
 	return nil, fmt.Errorf("scope %s: no empty notification", s.Name())
 }
 
+// firstKill is when the first Kill that reached the tree was sent, once no
+// Kill is under way: the tree a kill ends may be gone, and its execution
+// cleaned, before that Kill returns and says it got through.
 func (b *faultyBackend) firstKill() time.Time {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.killedAt
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		b.mu.Lock()
+		at, busy := b.killedAt, b.inKill > 0
+		b.mu.Unlock()
+		if !busy || time.Now().After(deadline) {
+			return at
+		}
+	}
 }
 
 // cleanupBackends are the backends the retry tests run on: the process
