@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/pflag"
@@ -243,7 +244,23 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 	var (
 		mu          sync.Mutex
 		interrupted os.Signal
+		redialled   []*ipc.Client // connections made after c broke
 	)
+	// cur is the connection in use: c, or the last one redialled after a
+	// restart of corrald broke it.
+	cur := func() *ipc.Client {
+		mu.Lock()
+		defer mu.Unlock()
+		if n := len(redialled); n > 0 {
+			return redialled[n-1]
+		}
+		return c
+	}
+	defer func() {
+		for _, rc := range redialled {
+			rc.Close()
+		}
+	}()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	defer func() {
@@ -269,7 +286,7 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 					}
 					cancelled = true
 					fmt.Fprintf(e.stderr, "corralctl: %s: cancelling %s (again to stop waiting)\n", osSignalName(sig), rec.ID)
-					if _, err := c.Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: "corralctl received " + osSignalName(sig)}); err != nil {
+					if _, err := cur().Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: "corralctl received " + osSignalName(sig)}); err != nil {
 						fmt.Fprintf(e.stderr, "corralctl: cancel %s: %s\n", rec.ID, describe(err))
 					}
 				}
@@ -297,6 +314,23 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 
 	st := newStreamer(c, rec.ID, map[string]io.Writer{"stdout": e.stdout, "stderr": e.stderr}, e.stderr)
 	final, err := st.follow(followCtx)
+	// corrald restarting (a reload hands the executions over; a restart
+	// under systemd adopts them) breaks the connection, not the execution:
+	// redial and follow on from the offsets written. Not with stdin or a
+	// terminal forwarded, whose forwarders hold the broken connection.
+	for err != nil && errors.Is(err, ipc.ErrClosed) && !stdin && lt == nil && followCtx.Err() == nil {
+		nc, rerr := redial(followCtx, e, g)
+		if rerr != nil {
+			fmt.Fprintf(e.stderr, "corralctl: connection to corrald lost and not regained: %v\n", rerr)
+			break
+		}
+		mu.Lock()
+		redialled = append(redialled, nc)
+		mu.Unlock()
+		fmt.Fprintf(e.stderr, "corralctl: connection to corrald lost (restart or reload?); reconnected, following %s on\n", rec.ID)
+		st.c = nc
+		final, err = st.follow(followCtx)
+	}
 	if lt != nil {
 		// Our messages below are lines of a cooked terminal again.
 		lt.restore()
@@ -317,7 +351,7 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 		if errors.As(err, &lw) {
 			// Our output is gone (e.g. `corralctl run ... | head`): end the
 			// command too, as a local pipeline would by SIGPIPE.
-			if _, cerr := c.Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: "corralctl: " + lw.stream + " closed"}); cerr != nil {
+			if _, cerr := cur().Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: "corralctl: " + lw.stream + " closed"}); cerr != nil {
 				fmt.Fprintf(e.stderr, "corralctl: cancel %s: %s\n", rec.ID, describe(cerr))
 			}
 			if errors.Is(err, syscall.EPIPE) {
@@ -330,7 +364,7 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 	if final.Outcome == nil {
 		// Follow ended without an outcome (a daemon that stops following
 		// early); ask for the final record.
-		if final, err = c.Wait(ctx, api.WaitParams{ID: rec.ID}); err != nil {
+		if final, err = cur().Wait(ctx, api.WaitParams{ID: rec.ID}); err != nil {
 			return fail(e, exitFailure, "wait %s: %s", rec.ID, describe(err))
 		}
 	}
@@ -344,6 +378,27 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 		fmt.Fprintf(e.stderr, "corralctl: %s\n", msg)
 	}
 	return code
+}
+
+// runRedialFor is how long run redials a corrald that went away mid-run; a
+// reload takes well under a second, a restart by systemd a few.
+var runRedialFor = 15 * time.Second
+
+// redial dials corrald again until it answers or runRedialFor has passed.
+func redial(ctx context.Context, e *env, g *globalFlags) (*ipc.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, runRedialFor)
+	defer cancel()
+	for {
+		c, err := dial(ctx, e, g)
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("for %s: %w", runRedialFor, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // forwardStdin copies r to the execution's stdin with exec.write and closes
