@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -141,14 +142,31 @@ func cmdWait(e *env, g *globalFlags, args []string) int {
 		return code
 	}
 	return withClient(e, g, exitFailure, func(ctx context.Context, c *ipc.Client) (int, error) {
+		deadline := time.Now().Add(timeout.d)
 		p := api.WaitParams{ID: pos[0]}
-		if timeout.set {
-			ms := millis(timeout.d)
-			p.TimeoutMS = &ms
-		}
-		rec, err := c.Wait(ctx, p)
-		if err != nil {
-			return 0, fmt.Errorf("wait %s: %w", pos[0], err)
+		var rec api.Record
+		for {
+			if timeout.set {
+				ms := max(0, millis(time.Until(deadline)))
+				p.TimeoutMS = &ms
+			}
+			var err error
+			rec, err = c.Wait(ctx, p)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ipc.ErrClosed) {
+				return 0, fmt.Errorf("wait %s: %w", pos[0], err)
+			}
+			// corrald reloading or restarting: the execution goes on,
+			// so wait on over a new connection (as run does).
+			nc, rerr := redial(ctx, e, g)
+			if rerr != nil {
+				return 0, fmt.Errorf("wait %s: %w; not reconnected: %v", pos[0], err, rerr)
+			}
+			defer nc.Close()
+			fmt.Fprintf(e.stderr, "corralctl: connection to corrald lost (restart or reload?); reconnected, waiting for %s on\n", pos[0])
+			c = nc
 		}
 		if g.json {
 			if err := printJSON(e.stdout, rec); err != nil {

@@ -56,8 +56,8 @@ type fakeDaemon struct {
 	updates, resizes []string
 	// traceparents records exec.start's traceparent params.
 	traceparents []string
-	// follows counts exec.follow calls.
-	follows int
+	// follows and waits count exec.follow and exec.wait calls.
+	follows, waits int
 }
 
 var _ ipc.Service = (*fakeDaemon)(nil)
@@ -203,6 +203,9 @@ func (d *fakeDaemon) Wait(ctx context.Context, _ api.Owner, p api.WaitParams) (a
 	if err != nil {
 		return api.Record{}, err
 	}
+	d.mu.Lock()
+	d.waits++
+	d.mu.Unlock()
 	wctx := ctx
 	if p.TimeoutMS != nil {
 		var cancel context.CancelFunc
@@ -749,66 +752,83 @@ func TestRunWarnsOfUnenforcedLimits(t *testing.T) {
 	}
 }
 
-// TestRunFollowsOnAcrossARestart: corrald going away mid-run (a reload hands
-// the execution over, a restart adopts it) does not end corralctl run with
-// 125: it redials the same socket and follows on to the execution's end.
-func TestRunFollowsOnAcrossARestart(t *testing.T) {
-	d := &fakeDaemon{}
-	path := filepath.Join(t.TempDir(), "corrald.sock")
-	serve := func() (*ipc.Server, chan error) {
-		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := ipc.NewServer(d, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(l) }()
-		return srv, served
-	}
-	stop := func(srv *ipc.Server, served chan error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if err := <-served; !errors.Is(err, ipc.ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
-	}
-	follows := func() int {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return d.follows
-	}
-	srv, served := serve()
-	res := make(chan result, 1)
-	go func() { res <- corralctl(t, path, "", nil, "run", "--", "hang") }()
-	waitFor := func(n int) bool {
-		for follows() < n {
-			select {
-			case r := <-res:
-				res <- r
-				return false
-			case <-time.After(10 * time.Millisecond):
+// TestRunAndWaitGoOnAcrossARestart: corrald going away mid-run (a reload
+// hands the execution over, a restart adopts it) does not end corralctl run
+// or wait with 125: they redial the same socket and go on to the
+// execution's end.
+func TestRunAndWaitGoOnAcrossARestart(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		args  []string
+		calls func(d *fakeDaemon) int
+	}{
+		{"run", []string{"run", "--", "hang"}, func(d *fakeDaemon) int { return d.follows }},
+		{"wait", []string{"wait", "exec-1"}, func(d *fakeDaemon) int { return d.waits }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &fakeDaemon{}
+			if tt.name == "wait" {
+				if _, err := d.Start(context.Background(), api.Owner{}, api.StartParams{Argv: []string{"hang"}}); err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
-		return true
-	}
-	if !waitFor(1) {
-		t.Fatalf("run ended before following: %+v", <-res)
-	}
-	stop(srv, served) // corrald restarts
-	srv, served = serve()
-	defer stop(srv, served)
-	if !waitFor(2) {
-		r := <-res
-		t.Fatalf("run across a restart = %d, stderr %q; want it to follow on", r.code, r.stderr)
-	}
-	if _, err := d.Cancel(context.Background(), api.Owner{}, api.CancelParams{ID: "exec-1"}); err != nil {
-		t.Fatal(err)
-	}
-	r := <-res
-	if r.code != 128+15 || !strings.Contains(r.stderr, "reconnected") {
-		t.Errorf("run across a restart = %d, stderr %q; want 143 (cancelled by SIGTERM) and a note that it reconnected", r.code, r.stderr)
+			path := filepath.Join(t.TempDir(), "corrald.sock")
+			serve := func() (*ipc.Server, chan error) {
+				l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				srv := ipc.NewServer(d, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+				served := make(chan error, 1)
+				go func() { served <- srv.Serve(l) }()
+				return srv, served
+			}
+			stop := func(srv *ipc.Server, served chan error) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := srv.Shutdown(ctx); err != nil {
+					t.Errorf("shutdown: %v", err)
+				}
+				if err := <-served; !errors.Is(err, ipc.ErrServerClosed) {
+					t.Errorf("Serve: %v", err)
+				}
+			}
+			calls := func() int {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				return tt.calls(d)
+			}
+			srv, served := serve()
+			res := make(chan result, 1)
+			go func() { res <- corralctl(t, path, "", nil, tt.args...) }()
+			waitFor := func(n int) bool {
+				for calls() < n {
+					select {
+					case r := <-res:
+						res <- r
+						return false
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+				return true
+			}
+			if !waitFor(1) {
+				t.Fatalf("%s ended before waiting: %+v", tt.name, <-res)
+			}
+			stop(srv, served) // corrald restarts
+			srv, served = serve()
+			defer stop(srv, served)
+			if !waitFor(2) {
+				r := <-res
+				t.Fatalf("%s across a restart = %d, stderr %q; want it to go on", tt.name, r.code, r.stderr)
+			}
+			if _, err := d.Cancel(context.Background(), api.Owner{}, api.CancelParams{ID: "exec-1"}); err != nil {
+				t.Fatal(err)
+			}
+			r := <-res
+			if r.code != 128+15 || !strings.Contains(r.stderr, "reconnected") {
+				t.Errorf("%s across a restart = %d, stderr %q; want 143 (cancelled by SIGTERM) and a note that it reconnected", tt.name, r.code, r.stderr)
+			}
+		})
 	}
 }
