@@ -102,6 +102,17 @@ func cmdLogs(e *env, g *globalFlags, args []string) int {
 			return 0, nil
 		}
 		rec, err := st.follow(ctx)
+		for err != nil && errors.Is(err, ipc.ErrClosed) && ctx.Err() == nil {
+			// corrald reloading or restarting: follow on (as run does).
+			nc, rerr := redial(ctx, e, g)
+			if rerr != nil {
+				return 0, fmt.Errorf("follow %s: %w; not reconnected: %v", id, err, rerr)
+			}
+			defer nc.Close()
+			fmt.Fprintf(e.stderr, "corralctl: connection to corrald lost (restart or reload?); reconnected, following %s on\n", id)
+			st.c = nc
+			rec, err = st.follow(ctx)
+		}
 		if err != nil {
 			return 0, fmt.Errorf("follow %s: %w", id, err)
 		}

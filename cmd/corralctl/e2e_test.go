@@ -761,13 +761,15 @@ func TestRunAndWaitGoOnAcrossARestart(t *testing.T) {
 		name  string
 		args  []string
 		calls func(d *fakeDaemon) int
+		code  int
 	}{
-		{"run", []string{"run", "--", "hang"}, func(d *fakeDaemon) int { return d.follows }},
-		{"wait", []string{"wait", "exec-1"}, func(d *fakeDaemon) int { return d.waits }},
+		{"run", []string{"run", "--", "hang"}, func(d *fakeDaemon) int { return d.follows }, 128 + 15},
+		{"wait", []string{"wait", "exec-1"}, func(d *fakeDaemon) int { return d.waits }, 128 + 15},
+		{"logs -f", []string{"logs", "-f", "exec-1"}, func(d *fakeDaemon) int { return d.follows }, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := &fakeDaemon{}
-			if tt.name == "wait" {
+			if tt.name != "run" {
 				if _, err := d.Start(context.Background(), api.Owner{}, api.StartParams{Argv: []string{"hang"}}); err != nil {
 					t.Fatal(err)
 				}
@@ -826,8 +828,8 @@ func TestRunAndWaitGoOnAcrossARestart(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := <-res
-			if r.code != 128+15 || !strings.Contains(r.stderr, "reconnected") {
-				t.Errorf("%s across a restart = %d, stderr %q; want 143 (cancelled by SIGTERM) and a note that it reconnected", tt.name, r.code, r.stderr)
+			if r.code != tt.code || !strings.Contains(r.stderr, "reconnected") {
+				t.Errorf("%s across a restart = %d, stderr %q; want %d and a note that it reconnected", tt.name, r.code, r.stderr, tt.code)
 			}
 		})
 	}
