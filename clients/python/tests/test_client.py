@@ -380,7 +380,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r.outcome, "timeout")
 
     def test_corrald_not_running(self):
-        missing = os.path.join(tempfile.mkdtemp(prefix="corral-pynone-"), "none.sock")
+        d = tempfile.mkdtemp(prefix="corral-pynone-")
+        self.addCleanup(shutil.rmtree, d, True)
+        missing = os.path.join(d, "none.sock")
         with self.assertRaises(corral.ConnectionClosed) as cm:
             corral.Client(missing)
         self.assertIn(missing, str(cm.exception))
