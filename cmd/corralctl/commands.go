@@ -35,7 +35,8 @@ func cmdPs(e *env, g *globalFlags, args []string) int {
 	fs := newFlagSet(e, g, "ps")
 	var labels kvFlag
 	labels.what = "--label"
-	state := fs.String("state", "", "only executions in `STATE` (started, running, canceling, exited, cleaned)")
+	state := choiceFlag{choices: []string{"started", "running", "canceling", "exited", "cleaned"}}
+	fs.Var(&state, "state", "only executions in `STATE` (started, running, canceling, exited, cleaned)")
 	fs.Var(&labels, "label", "only executions with label `KEY=VALUE` (repeatable; all must match)")
 	limit := fs.Int("limit", 0, "at most `N` executions")
 	cli.CompleteValues(fs, map[string]string{"state": "words:started running canceling exited cleaned"})
@@ -43,7 +44,7 @@ func cmdPs(e *env, g *globalFlags, args []string) int {
 		return code
 	}
 	return withClient(e, g, exitErrorGeneric, func(ctx context.Context, c *ipc.Client) (int, error) {
-		res, err := c.List(ctx, api.ListParams{State: *state, Labels: labels.m, Limit: *limit})
+		res, err := c.List(ctx, api.ListParams{State: state.v, Labels: labels.m, Limit: *limit})
 		if err != nil {
 			return 0, fmt.Errorf("list executions: %w", err)
 		}

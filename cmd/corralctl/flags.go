@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -182,3 +184,63 @@ func (g *globalFlags) register(fs *pflag.FlagSet) {
 // osLookup is os.LookupEnv; a var so that tests need not touch the
 // environment.
 var osLookup = os.LookupEnv
+
+// countFlag is a pflag.Value holding a count that may not be negative, so
+// that a negative one is refused as a flag error (with the pointer to
+// --help) before anything is sent.
+type countFlag struct {
+	n int64
+}
+
+func (f *countFlag) String() string {
+	if f == nil {
+		return "0"
+	}
+	return strconv.FormatInt(f.n, 10)
+}
+
+func (f *countFlag) Type() string { return "int" }
+
+func (f *countFlag) Set(s string) error {
+	n, err := strconv.ParseInt(s, 0, 64)
+	if err != nil {
+		return errors.New("must be an integer")
+	}
+	if n < 0 {
+		return errors.New("negative")
+	}
+	f.n = n
+	return nil
+}
+
+// choiceFlag is a pflag.Value holding one of a fixed set of words ("" when
+// not given); another word is refused naming the ones it takes.
+type choiceFlag struct {
+	v       string
+	choices []string
+}
+
+func (f *choiceFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return f.v
+}
+
+func (f *choiceFlag) Type() string { return "string" }
+
+func (f *choiceFlag) Set(s string) error {
+	if s != "" && !slices.Contains(f.choices, s) {
+		return fmt.Errorf("want %s", orList(f.choices))
+	}
+	f.v = s
+	return nil
+}
+
+// orList is "a, b or c".
+func orList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}

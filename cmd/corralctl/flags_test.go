@@ -135,6 +135,7 @@ func TestParseRun(t *testing.T) {
 		{name: "bad idle timeout", args: []string{"--idle-timeout", "soon", "true"}, wantErr: "invalid duration"},
 		{name: "no command", args: []string{"--timeout", "1s"}, wantErr: "no command"},
 		{name: "bad network", args: []string{"--network", "bridge", "true"}, wantErr: "--network"},
+		{name: "negative tasks", args: []string{"--tasks", "-3", "true"}, wantErr: `invalid argument "-3" for "--tasks" flag: negative`},
 		{name: "bad size", args: []string{"--memory", "lots", "true"}, wantErr: "invalid size"},
 		{name: "bad duration", args: []string{"--timeout", "-5s", "true"}, wantErr: "negative"},
 		{name: "bad env", args: []string{"--env", "=x", "true"}, wantErr: "KEY=VALUE"},

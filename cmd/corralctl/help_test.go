@@ -62,6 +62,30 @@ func TestFlagsAreGNU(t *testing.T) {
 	}
 }
 
+// TestFlagValueErrorsPointAtHelp: a flag value corralctl refuses itself
+// (a negative --tasks, an unknown --network or --state) is reported as the
+// other flag errors are, naming the flag, what it takes and --help, before
+// anything is sent to corrald.
+func TestFlagValueErrorsPointAtHelp(t *testing.T) {
+	tests := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"run", "--tasks", "-3", "--", "true"}, exitFailure, `corralctl run: invalid argument "-3" for "--tasks" flag: negative`},
+		{[]string{"run", "--tasks=lots", "--", "true"}, exitFailure, `corralctl run: invalid argument "lots" for "--tasks" flag: must be an integer`},
+		{[]string{"run", "--network", "bogus", "--", "true"}, exitFailure, `corralctl run: invalid argument "bogus" for "--network" flag: want host or none`},
+		{[]string{"ps", "--state", "bogus"}, exitUsage, `corralctl ps: invalid argument "bogus" for "--state" flag: want started, running, canceling, exited or cleaned`},
+	}
+	for _, tt := range tests {
+		r := corralctl(t, "/nonexistent.sock", "", nil, tt.args...)
+		hint := "\nTry 'corralctl " + tt.args[0] + " --help' for more information.\n"
+		if r.code != tt.code || r.stderr != tt.want+hint {
+			t.Errorf("corralctl %s = exit %d, stderr %q; want %d and %q", strings.Join(tt.args, " "), r.code, r.stderr, tt.code, tt.want+hint)
+		}
+	}
+}
+
 func writeCompletion(t *testing.T, shell string) string {
 	t.Helper()
 	r := corralctl(t, "/nonexistent.sock", "", nil, "completion", shell)

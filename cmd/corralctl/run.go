@@ -23,9 +23,10 @@ import (
 type runOptions struct {
 	timeout, grace, cpu durationFlag
 	memory, outputLimit sizeFlag
-	tasks               int64
+	tasks               countFlag
 	env, labels         kvFlag
-	cwd, network, id    string
+	network             choiceFlag
+	cwd, id             string
 	user                string
 	redact, detach      bool
 	stdin, tty          bool
@@ -38,11 +39,12 @@ func (o *runOptions) register(fs *pflag.FlagSet) {
 	fs.Var(&o.grace, "grace", "`DURATION` between SIGTERM and SIGKILL (daemon default 2s)")
 	fs.Var(&o.cpu, "cpu", "CPU time `LIMIT` of the whole process tree, e.g. 15s")
 	fs.Var(&o.memory, "memory", "memory `LIMIT`, e.g. 512M (K, M, G: powers of 1024)")
-	fs.Int64Var(&o.tasks, "tasks", 0, "maximum processes+threads (daemon default 256)")
+	fs.Var(&o.tasks, "tasks", "maximum processes+threads (daemon default 256)")
 	fs.Var(&o.env, "env", "`KEY=VALUE` environment variable for the command (repeatable; a bare KEY passes this shell's $KEY)")
 	fs.StringVar(&o.cwd, "cwd", "", "working `DIR` of the command")
 	fs.Var(&o.labels, "label", "`KEY=VALUE` label (repeatable)")
-	fs.StringVar(&o.network, "network", "", "network: host (default) or none")
+	o.network.choices = []string{"host", "none"}
+	fs.Var(&o.network, "network", "network: host (default) or none")
 	fs.StringVar(&o.id, "id", "", "idempotency `KEY`: the execution's id")
 	fs.Var(&o.outputLimit, "output-limit", "output `SIZE` kept per stream (daemon default 256K)")
 	fs.StringVar(&o.user, "user", "", "run as `NAME` (root callers only)")
@@ -59,14 +61,6 @@ func (o *runOptions) register(fs *pflag.FlagSet) {
 func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
 	if len(argv) == 0 {
 		return api.StartParams{}, errors.New("no command given (corralctl run [flags] -- CMD [ARG...])")
-	}
-	switch o.network {
-	case "", "host", "none":
-	default:
-		return api.StartParams{}, fmt.Errorf("invalid --network %q: want host or none", o.network)
-	}
-	if o.tasks < 0 {
-		return api.StartParams{}, fmt.Errorf("invalid --tasks %d: negative", o.tasks)
 	}
 	// The protocol carries text (JSON strings are UTF-8): invalid bytes
 	// would reach the daemon as U+FFFD, and a different command would run.
@@ -94,12 +88,12 @@ func (o *runOptions) startParams(argv []string) (api.StartParams, error) {
 		GraceMS:          millis(o.grace.d),
 		CPUMS:            millis(o.cpu.d),
 		MemoryBytes:      o.memory.n,
-		TasksMax:         o.tasks,
+		TasksMax:         o.tasks.n,
 		OutputLimitBytes: o.outputLimit.n,
 		Labels:           o.labels.m,
 		ID:               o.id,
 		User:             o.user,
-		Network:          o.network,
+		Network:          o.network.v,
 		Redact:           o.redact,
 		TTY:              o.tty,
 		IdleTimeoutMS:    millis(o.idleTimeout.d),
