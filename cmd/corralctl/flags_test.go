@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/corral-dev/corral/api"
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 func TestParseSize(t *testing.T) {
@@ -233,7 +234,7 @@ func TestPermissionDeniedSaysWhatToDo(t *testing.T) {
 	defer l.Close()
 	grp, err := user.LookupGroupId(strconv.Itoa(os.Getgid()))
 	if err != nil {
-		t.Skipf("no name for gid %d: %v", os.Getgid(), err)
+		testenv.Skipf(t, "no name for gid %d: %v", os.Getgid(), err)
 	}
 	denied := &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", syscall.EACCES)}
 	got := withSocketHint(denied, path).Error()
