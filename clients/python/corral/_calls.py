@@ -5,11 +5,14 @@ follow and run that do no I/O. Nothing here does I/O."""
 
 from __future__ import annotations
 
+import logging
+import socket as _socket
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from ._wire import (
     SHUTTING_DOWN,
     ConnectionClosed,
+    CorralError,
     Data,
     EndEvent,
     FollowCursor,
@@ -24,10 +27,17 @@ from ._wire import (
     start_params,
 )
 
-#: How long follow() keeps trying to reconnect after its connection drops
-#: (a corrald restart or handover takes a second or two).
+#: How long follow(), wait() and output(wait_ms=...) keep trying to
+#: reconnect after their connection drops (a corrald reload takes well under
+#: a second, a restart by systemd a few), dialling every RESUME_EVERY
+#: seconds: corralctl's window.
 RESUME_FOR = 15.0
 RESUME_EVERY = 0.1
+
+#: Where the client says it reconnected (a warning, as corralctl's stderr
+#: line): "connection to corrald lost (restart or reload?); reconnected,
+#: waiting for ID on".
+log = logging.getLogger("corral")
 
 
 class Call(NamedTuple):
@@ -94,6 +104,73 @@ def info() -> Call:
     return Call("daemon.info", None, Info.from_dict)
 
 
+class Again:
+    """A call that waits (exec.wait, exec.output with wait_ms), sent again
+    over a new connection when its own breaks: corrald reloading or
+    restarting ends the connection, not the execution, and the call only
+    reads, so repeating it is safe. make(ms) is the call with ms (None:
+    none) as its wait; each retry waits only what is left of the first ms.
+    doing is what the reconnect warning says ("waiting for ID").
+
+    The caller's loop: send call(); on an error that retryable() accepts,
+    dropped(e), sleep RESUME_EVERY and dial, calling dial_failed(e) after
+    each failed dial (it raises once the window is spent), then
+    reconnected() and send call() again. The window is RESUME_FOR seconds
+    from the drop; a call that breaks again sooner than RESUME_FOR after
+    it was sent does not renew it (a socket that takes connections and
+    drops them ends the loop too)."""
+
+    def __init__(self, make: Callable[[Optional[int]], Call], ms: Optional[int], id: str, doing: str,
+                 now: Callable[[], float]):
+        self.make, self.ms, self.id, self.doing, self.now = make, ms, id, doing, now
+        self.end = None if ms is None else now() + ms / 1000
+        self.sent_at: Optional[float] = None
+        self.give_up: Optional[float] = None
+        self.method = ""
+        self.lost: Optional[BaseException] = None
+
+    def call(self) -> Call:
+        """The call to send now."""
+        ms = self.ms
+        if self.sent_at is not None and self.end is not None:
+            ms = max(0, int((self.end - self.now()) * 1000))
+        self.sent_at = self.now()
+        c = self.make(ms)
+        self.method = c.method
+        return c
+
+    @staticmethod
+    def retryable(e: BaseException) -> bool:
+        """e broke the call in a way a new connection may mend: the
+        connection closed (not a local timeout= that ran out), or corrald
+        answered that it is shutting down (a handover in progress)."""
+        if isinstance(e, ConnectionClosed):
+            return not isinstance(e.__cause__, _socket.timeout)
+        return isinstance(e, CorralError) and e.code == SHUTTING_DOWN
+
+    def dropped(self, e: BaseException) -> None:
+        """The call broke with e (retryable): opens the window, or raises
+        ConnectionClosed when the last one is spent."""
+        now = self.now()
+        self.lost = e
+        if self.give_up is None or now - (self.sent_at or now) >= RESUME_FOR:
+            self.give_up = now + RESUME_FOR
+        elif now >= self.give_up:
+            raise self._not_regained("every new connection broke too") from e
+
+    def dial_failed(self, e: BaseException) -> None:
+        """A dial failed with e: raises ConnectionClosed once the window is
+        spent (the caller sleeps RESUME_EVERY and dials again)."""
+        if self.give_up is not None and self.now() >= self.give_up:
+            raise self._not_regained(e) from self.lost
+
+    def _not_regained(self, why: Any) -> ConnectionClosed:
+        return ConnectionClosed(f"{self.method} {self.id}: {self.lost}; not reconnected: for {RESUME_FOR:g}s: {why}")
+
+    def reconnected(self) -> None:
+        log.warning("connection to corrald lost (restart or reload?); reconnected, %s on", self.doing)
+
+
 def fill(id: str, cursor: FollowCursor, stream: str, upto: int) -> Optional[Call]:
     """The exec.output call that reads stream from the cursor up to offset
     upto (the bytes a follow did not deliver), or None once there."""
@@ -130,13 +207,22 @@ class Resume:
     renewed by every event delivered. now is the clock (time.monotonic, or
     the event loop's time)."""
 
-    def __init__(self, socket: str, now: Callable[[], float]):
+    def __init__(self, socket: str, now: Callable[[], float], id: str = ""):
         self.socket = socket
         self.now = now
+        self.id = id
         self.give_up: Optional[float] = None
+        self.lost = False
 
     def delivered(self) -> None:
         self.give_up = None
+
+    def connected(self) -> None:
+        """A connection is up again: say so once after a drop, as
+        corralctl does."""
+        if self.lost:
+            self.lost = False
+            log.warning("connection to corrald lost (restart or reload?); reconnected, following %s on", self.id)
 
     def connect_failed(self, resume: bool, e: BaseException) -> None:
         """Raises ConnectionClosed unless it may dial again (then the caller
@@ -148,6 +234,7 @@ class Resume:
     def dropped(self, e: BaseException) -> None:
         """Raises ConnectionClosed once the budget is spent (the caller
         re-raises e itself when not resuming)."""
+        self.lost = True
         self._or_give_up(f"exec.follow: could not resume for {RESUME_FOR}s: {e}", e)
 
     def _or_give_up(self, message: str, e: BaseException) -> None:

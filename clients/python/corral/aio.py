@@ -13,9 +13,10 @@ import json
 from typing import Any, AsyncIterator, Dict, List, Optional
 
 from . import _calls
-from ._calls import RESUME_EVERY, Call, Collector, Resume
+from ._calls import RESUME_EVERY, Again, Call, Collector, Resume
 from ._wire import (
     ConnectionClosed,
+    CorralError,
     Data,
     EndEvent,
     Event,
@@ -144,8 +145,11 @@ async def connect(socket: Optional[str] = None) -> "AsyncClient":
 
 class AsyncClient:
     """corral.Client's methods as coroutines. Use connect(), or
-    ``async with AsyncClient() as c``. Calls may run concurrently; a broken
-    connection raises ConnectionClosed and the next call dials again."""
+    ``async with AsyncClient() as c``. Calls may run concurrently. Across a
+    corrald reload or restart it does as Client: wait(), output() with
+    wait_ms and follow() dial again for up to RESUME_FOR seconds and go on;
+    any other call whose connection breaks raises ConnectionClosed (it may
+    or may not have been done) and the next call dials again."""
 
     def __init__(self, socket: Optional[str] = None):
         self.socket = socket or default_socket()
@@ -189,7 +193,27 @@ class AsyncClient:
         return await self._do(_calls.get(id))
 
     async def wait(self, id: str, timeout_ms: Optional[int] = None) -> Record:
-        return await self._do(_calls.wait(id, timeout_ms))
+        return await self._again(Again(lambda ms: _calls.wait(id, ms), timeout_ms, id, f"waiting for {id}",
+                                       asyncio.get_running_loop().time))
+
+    async def _again(self, a: Again) -> Any:
+        """Client._again: sends a's call, and again over a new connection
+        when its own breaks."""
+        while True:
+            try:
+                return await self._do(a.call())
+            except (ConnectionClosed, CorralError) as e:
+                if not a.retryable(e):
+                    raise
+                a.dropped(e)
+            while True:
+                await asyncio.sleep(RESUME_EVERY)
+                try:
+                    await self._dial()
+                    break
+                except ConnectionClosed as e:
+                    a.dial_failed(e)
+            a.reconnected()
 
     async def cancel(self, id: str, reason: Optional[str] = None) -> Record:
         return await self._do(_calls.cancel(id, reason))
@@ -212,7 +236,10 @@ class AsyncClient:
 
     async def output(self, id: str, stream: str = "stdout", offset: int = 0, limit: Optional[int] = None,
                      wait_ms: Optional[int] = None) -> Output:
-        return await self._do(_calls.output(id, stream, offset, limit, wait_ms))
+        if wait_ms is None:
+            return await self._do(_calls.output(id, stream, offset, limit))
+        return await self._again(Again(lambda ms: _calls.output(id, stream, offset, limit, ms), wait_ms, id,
+                                       f"waiting for {id}'s {stream}", asyncio.get_running_loop().time))
 
     async def info(self) -> Info:
         return await self._do(_calls.info())
@@ -223,7 +250,7 @@ class AsyncClient:
         from the last byte yielded when the connection drops."""
         loop = asyncio.get_running_loop()
         cursor = FollowCursor(stdout_offset, stderr_offset)
-        budget = Resume(self.socket, loop.time)
+        budget = Resume(self.socket, loop.time, id)
         while True:
             try:
                 conn = await _AsyncConn.open(self.socket)
@@ -231,6 +258,7 @@ class AsyncClient:
                 budget.connect_failed(resume, e)
                 await asyncio.sleep(RESUME_EVERY)
                 continue
+            budget.connected()
             try:
                 conn.send("exec.follow", cursor.params(id, heartbeat_ms), stream=True)
                 await conn.writer.drain()

@@ -10,9 +10,10 @@ import time
 from typing import Any, Dict, Iterator, List, Optional
 
 from . import _calls
-from ._calls import RESUME_EVERY, RESUME_FOR, Call, Collector, Resume  # noqa: F401 (RESUME_*: re-exported)
+from ._calls import RESUME_EVERY, RESUME_FOR, Again, Call, Collector, Resume  # noqa: F401 (RESUME_*: re-exported)
 from ._wire import (
     ConnectionClosed,
+    CorralError,
     Data,
     EndEvent,
     Event,
@@ -103,12 +104,28 @@ class Client:
     Methods map one to one to the protocol's (docs/protocol.md) and return
     dataclasses; an error answered by corrald raises CorralError with its
     code. Safe for use from several threads (calls take turns on the
-    connection); follow() uses a connection of its own. A connection corrald
-    closed while it was idle (a restart, a handover) is replaced before the
-    next call; one that breaks during a call raises ConnectionClosed (the
-    call may or may not have been done) and the next call dials again. timeout, when set,
+    connection); follow() uses a connection of its own. timeout, when set,
     bounds each call in seconds (leave it None for wait and long output
-    waits)."""
+    waits).
+
+    corrald reloading (SIGHUP, a handover) or restarting ends connections,
+    not executions. A connection corrald closed while it was idle is
+    replaced before the next call. The calls that wait, and only read, go
+    on across one: wait(), output() with wait_ms and follow() dial again
+    (every RESUME_EVERY s, for up to RESUME_FOR = 15 s, as corralctl run,
+    wait and logs -f do), log a warning "connection to corrald lost
+    (restart or reload?); reconnected, waiting for ID on" on the "corral"
+    logger, and ask again (wait and output with what is left of timeout_ms
+    or wait_ms; follow from the last byte it yielded). A corrald that does
+    not come back within the window raises ConnectionClosed ("...; not
+    reconnected: for 15s: ..."). Every other call is sent once: when its
+    connection breaks during the call it raises ConnectionClosed, the call
+    may or may not have been done, and the next call dials again. Repeat
+    get, list, info or output yourself if you like; do not repeat a start
+    without an id (it may have started: list by label, or pass id=, an
+    idempotency key, so that the repeat returns the same execution), nor a
+    write (the bytes may have been written) or signal. call() is always
+    sent once."""
 
     def __init__(self, socket: Optional[str] = None, timeout: Optional[float] = None):
         self.socket = socket or default_socket()
@@ -177,8 +194,33 @@ class Client:
 
     def wait(self, id: str, timeout_ms: Optional[int] = None) -> Record:
         """exec.wait: the record once cleaned, or the current one when
-        timeout_ms passes first."""
-        return self._do(_calls.wait(id, timeout_ms))
+        timeout_ms passes first. Goes on across a corrald reload or restart
+        (see the class docstring)."""
+        return self._again(Again(lambda ms: _calls.wait(id, ms), timeout_ms, id, f"waiting for {id}", time.monotonic))
+
+    def _again(self, a: Again) -> Any:
+        """Sends a's call; when its connection breaks, dials corrald again
+        for up to RESUME_FOR seconds and sends it again."""
+        while True:
+            try:
+                return self._do(a.call())
+            except (ConnectionClosed, CorralError) as e:
+                if not a.retryable(e):
+                    raise
+                a.dropped(e)
+            while True:
+                time.sleep(RESUME_EVERY)
+                try:
+                    conn = _Conn(self.socket, self.timeout)
+                    break
+                except ConnectionClosed as e:
+                    a.dial_failed(e)
+            with self._lock:
+                if self._conn is None:
+                    self._conn, conn = conn, None
+            if conn is not None:
+                conn.close()  # another call dialled first: use its connection
+            a.reconnected()
 
     def cancel(self, id: str, reason: Optional[str] = None) -> Record:
         return self._do(_calls.cancel(id, reason))
@@ -207,8 +249,12 @@ class Client:
     def output(self, id: str, stream: str = "stdout", offset: int = 0, limit: Optional[int] = None,
                wait_ms: Optional[int] = None) -> Output:
         """exec.output: kept bytes of stream from offset; with wait_ms, waits
-        for some when there are none yet."""
-        return self._do(_calls.output(id, stream, offset, limit, wait_ms))
+        for some when there are none yet (and then goes on across a corrald
+        reload or restart, see the class docstring)."""
+        if wait_ms is None:
+            return self._do(_calls.output(id, stream, offset, limit))
+        return self._again(Again(lambda ms: _calls.output(id, stream, offset, limit, ms), wait_ms, id,
+                                 f"waiting for {id}'s {stream}", time.monotonic))
 
     def info(self) -> Info:
         return self._do(_calls.info())
@@ -224,7 +270,7 @@ class Client:
         byte it yielded: no byte is lost or repeated. Chunks corrald skipped
         for a slow reader are read back with exec.output."""
         cursor = FollowCursor(stdout_offset, stderr_offset)
-        budget = Resume(self.socket, time.monotonic)
+        budget = Resume(self.socket, time.monotonic, id)
         while True:
             try:
                 conn = _Conn(self.socket, None)
@@ -232,6 +278,7 @@ class Client:
                 budget.connect_failed(resume, e)
                 time.sleep(RESUME_EVERY)
                 continue
+            budget.connected()
             try:
                 rid = conn.send("exec.follow", cursor.params(id, heartbeat_ms))
                 while True:

@@ -34,6 +34,42 @@ def label():
     return {"pytest": uuid.uuid4().hex}
 
 
+def daemon_pid():
+    pid = int(os.environ.get("CORRAL_TEST_DAEMON_PID", "0"))
+    if pid <= 0:
+        raise AssertionError("CORRAL_TEST_DAEMON_PID is not set")
+    return pid
+
+
+def started_at():
+    """corrald's started_at, asked on a connection of its own."""
+    with corral.Client(SOCKET) as c:
+        return c.info().extra.get("started_at")
+
+
+def handover(before):
+    """Reloads corrald (SIGHUP: it re-executes itself, same pid, and takes
+    the executions over) and returns once the new image answers."""
+    os.kill(daemon_pid(), signal.SIGHUP)
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up:
+        try:
+            if started_at() != before:
+                return
+        except corral.ConnectionClosed:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("corrald did not hand over within 60 s")
+
+
+def until(cond, what):
+    give_up = time.monotonic() + 60
+    while not cond():
+        if time.monotonic() > give_up:
+            raise AssertionError(f"not {what} within 60 s")
+        time.sleep(0.01)
+
+
 class DropProxy:
     """A Unix socket that forwards each connection to corrald and can cut
     them all at once: a dropped connection, as a corrald restart or a
@@ -151,6 +187,16 @@ class ClientTest(unittest.TestCase):
         cur = self.c.wait(rec.id, timeout_ms=200)
         self.assertEqual(cur.state, "running")
         self.assertLess(time.monotonic() - t0, 20)
+
+    def test_client_timeout_is_not_retried(self):
+        # timeout= bounds each call: a wait it cuts short raises at once,
+        # it is not taken for a reload and asked again.
+        rec = self.start(["sleep", "30"])
+        with corral.Client(SOCKET, timeout=0.3) as c:
+            with self.assertRaises(corral.ConnectionClosed) as cm:
+                c.wait(rec.id)
+        self.assertIn("timed out", str(cm.exception))
+        self.assertNotIn("not reconnected", str(cm.exception))
 
     def test_start_failed_is_a_record(self):
         rec = self.c.wait(self.start(["/no/such/program"]).id)
@@ -300,38 +346,42 @@ class ClientTest(unittest.TestCase):
         out = b""
         drops = 0
         end = None
-        for ev in c.follow(rec.id):
-            if isinstance(ev, corral.OutputEvent):
-                self.assertEqual(ev.offset, len(out), "no byte lost or repeated across a drop")
-                out += ev.data
-                if drops < 3 and out.count(b"\n") >= 5 * (drops + 1):
-                    proxy.drop_all()
-                    drops += 1
-            elif isinstance(ev, corral.EndEvent):
-                end = ev.record
+        with self.assertLogs("corral", "WARNING") as logs:
+            for ev in c.follow(rec.id):
+                if isinstance(ev, corral.OutputEvent):
+                    self.assertEqual(ev.offset, len(out), "no byte lost or repeated across a drop")
+                    out += ev.data
+                    if drops < 3 and out.count(b"\n") >= 5 * (drops + 1):
+                        proxy.drop_all()
+                        drops += 1
+                elif isinstance(ev, corral.EndEvent):
+                    end = ev.record
         self.assertEqual(drops, 3)
+        self.assertEqual(len(logs.output), 3, logs.output)
         self.assertEqual(out, b"".join(b"line %d\n" % i for i in range(1, n + 1)))
         self.assertEqual(end.exit_code, 0)
         self.assertGreaterEqual(proxy.accepted, 4, "follow reconnected after each drop")
 
     def test_follow_across_a_corrald_handover(self):
-        pid = int(os.environ.get("CORRAL_TEST_DAEMON_PID", "0"))
-        self.assertGreater(pid, 0, "CORRAL_TEST_DAEMON_PID is not set")
+        pid = daemon_pid()
         before = self.c.info().extra.get("started_at")
         rec = self.start(["sh", "-c", "for i in $(seq 1 20); do echo tick $i; sleep 0.1; done; exit 5"])
         out = b""
         sent = False
         end = None
-        for ev in self.c.follow(rec.id):
-            if isinstance(ev, corral.OutputEvent):
-                self.assertEqual(ev.offset, len(out))
-                out += ev.data
-                if not sent and out.count(b"\n") >= 3:
-                    os.kill(pid, signal.SIGHUP)  # corrald re-executes itself, same pid
-                    sent = True
-            elif isinstance(ev, corral.EndEvent):
-                end = ev.record
+        with self.assertLogs("corral", "WARNING") as logs:
+            for ev in self.c.follow(rec.id):
+                if isinstance(ev, corral.OutputEvent):
+                    self.assertEqual(ev.offset, len(out))
+                    out += ev.data
+                    if not sent and out.count(b"\n") >= 3:
+                        os.kill(pid, signal.SIGHUP)  # corrald re-executes itself, same pid
+                        sent = True
+                elif isinstance(ev, corral.EndEvent):
+                    end = ev.record
         self.assertTrue(sent)
+        self.assertIn(f"connection to corrald lost (restart or reload?); reconnected, following {rec.id} on",
+                      "\n".join(logs.output))
         self.assertEqual(out, b"".join(b"tick %d\n" % i for i in range(1, 21)))
         self.assertEqual((end.outcome, end.exit_code), ("exited", 5))
         info = self.c.info()
@@ -359,12 +409,75 @@ class ClientTest(unittest.TestCase):
         # Closed while idle: replaced before the next call, which succeeds.
         self.assertTrue(c.info().version)
         self.assertEqual(proxy.accepted, 2)
-        # Broken during a call: that call raises, the next one redials.
+        # Broken during a call sent once (call(), as every method but the
+        # waits): that call raises, the next one redials.
         rec = self.start(["sleep", "30"])
         threading.Timer(0.3, proxy.drop_all).start()
         with self.assertRaises(corral.ConnectionClosed):
-            c.wait(rec.id)
+            c.call("exec.wait", {"id": rec.id})
         self.assertEqual(c.get(rec.id).state, "running")
+
+    def test_wait_and_output_across_a_corrald_handover(self):
+        # exec.wait and a long exec.output in flight when corrald reloads
+        # are asked again over a new connection and answer as if nothing
+        # happened (the execution was handed over).
+        go = os.path.join(tempfile.mkdtemp(prefix="corral-pygo-"), "go")
+        self.addCleanup(shutil.rmtree, os.path.dirname(go), True)
+        before = started_at()
+        rec = self.start(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; echo late; exit 5"])
+        c2 = corral.Client(SOCKET)
+        self.addCleanup(c2.close)
+        got = {}
+
+        def call(name, f):
+            try:
+                got[name] = f()
+            except Exception as e:  # the test's failure, reported below
+                got[name] = e
+
+        calls = [threading.Thread(target=call, args=("wait", lambda: self.c.wait(rec.id))),
+                 threading.Thread(target=call, args=("output", lambda: c2.output(rec.id, wait_ms=50000)))]
+        with self.assertLogs("corral", "WARNING") as logs:
+            for t in calls:
+                t.start()
+            until(lambda: self.c._lock.locked() and c2._lock.locked(), "both calls in flight")
+            time.sleep(0.2)
+            handover(before)
+            self.assertEqual(got, {}, "a call ended at the handover")
+            open(go, "w").close()
+            for t in calls:
+                t.join(60)
+        self.assertIsInstance(got.get("wait"), corral.Record, got)
+        self.assertEqual((got["wait"].state, got["wait"].outcome, got["wait"].exit_code), ("cleaned", "exited", 5))
+        self.assertIsInstance(got.get("output"), corral.Output, got)
+        self.assertEqual(got["output"].data, b"late\n")
+        said = "\n".join(logs.output)
+        self.assertIn(f"connection to corrald lost (restart or reload?); reconnected, waiting for {rec.id} on", said)
+        self.assertIn(f"reconnected, waiting for {rec.id}'s stdout on", said)
+
+    def test_wait_gives_up_when_corrald_does_not_come_back(self):
+        proxy = DropProxy(SOCKET)
+        self.addCleanup(proxy.close)
+        c = corral.Client(proxy.path)
+        self.addCleanup(c.close)
+        saved = corral._calls.RESUME_FOR
+        corral._calls.RESUME_FOR = 1.0
+        self.addCleanup(setattr, corral._calls, "RESUME_FOR", saved)
+        rec = self.start(["sleep", "30"])
+
+        def close_when_in_flight():
+            until(c._lock.locked, "wait in flight")
+            time.sleep(0.2)
+            proxy.close()  # the socket goes away for good
+
+        t = threading.Thread(target=close_when_in_flight)
+        t.start()
+        self.addCleanup(t.join)
+        with self.assertRaises(corral.ConnectionClosed) as cm:
+            c.wait(rec.id)
+        self.assertIn(f"exec.wait {rec.id}: ", str(cm.exception))
+        self.assertIn("; not reconnected: for 1s: connect to corrald at " + proxy.path, str(cm.exception))
+        self.assertEqual(self.c.get(rec.id).state, "running", "the execution is not the connection")
 
     # run
 
@@ -546,7 +659,39 @@ class AsyncClientTest(unittest.TestCase):
                 self.assertTrue(dropped)
                 self.assertEqual(kinds[-1], "EndEvent")
                 self.assertEqual(out, b"".join(b"line %d\n" % i for i in range(1, 31)))
-        self.run_async(main())
+        with self.assertLogs("corral", "WARNING") as logs:
+            self.run_async(main())
+        self.assertEqual(len(logs.output), 1, logs.output)
+
+    def test_wait_and_output_across_a_corrald_handover(self):
+        go = os.path.join(tempfile.mkdtemp(prefix="corral-pygo-"), "go")
+        self.addCleanup(shutil.rmtree, os.path.dirname(go), True)
+        before = started_at()
+        sc = corral.Client(SOCKET)
+        self.addCleanup(sc.close)
+        rec = sc.start(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; echo late; exit 5"])
+        self.addCleanup(lambda: sc.wait(sc.cancel(rec.id).id, timeout_ms=10000))
+
+        async def main():
+            async with aio.AsyncClient(SOCKET) as c:
+                w = asyncio.ensure_future(c.wait(rec.id))
+                o = asyncio.ensure_future(c.output(rec.id, wait_ms=50000))
+                conn = c._conn
+                while len(conn.pending) < 2:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)
+                await asyncio.get_running_loop().run_in_executor(None, handover, before)
+                self.assertFalse(w.done() or o.done(), "a call ended at the handover")
+                open(go, "w").close()
+                return await w, await o
+
+        with self.assertLogs("corral", "WARNING") as logs:
+            done, out = self.run_async(main())
+        self.assertEqual((done.state, done.outcome, done.exit_code), ("cleaned", "exited", 5))
+        self.assertEqual(out.data, b"late\n")
+        said = "\n".join(logs.output)
+        self.assertIn(f"connection to corrald lost (restart or reload?); reconnected, waiting for {rec.id} on", said)
+        self.assertIn(f"reconnected, waiting for {rec.id}'s stdout on", said)
 
 
 if __name__ == "__main__":
