@@ -42,7 +42,7 @@ func (b *cgroupBackend) Adopt(_ context.Context, name string, limits Limits) (Sc
 	if !cgroupv2.IsCgroup2(dir) {
 		return nil, fmt.Errorf("adopt cgroup %s: gone", name)
 	}
-	s := &cgroupScope{cg: cgroupv2.Dir(dir), fd: -1, name: b.cgroupPath(dir),
+	s := &cgroupScope{cg: cgroupv2.Dir(dir), at: b.baseFD.At(filepath.Base(dir)), fd: -1, name: b.cgroupPath(dir),
 		memory: b.controllers["memory"], pids: b.controllers["pids"]}
 	for _, c := range []struct {
 		ctrl string

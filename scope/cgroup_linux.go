@@ -101,6 +101,9 @@ func NewCgroup(opts CgroupOptions) (Backend, error) {
 		ownDir: ownDir,
 	}
 	b.controllers = enableControllers(realControllerFS{}, ownDir, base, os.Getpid(), opts.Log)
+	if b.baseFD, err = cgroupv2.OpenBase(cgroupv2.Dir(base)); err != nil {
+		return nil, fmt.Errorf("cgroup backend: %w", err)
+	}
 	return b, nil
 }
 
@@ -111,6 +114,9 @@ type cgroupBackend struct {
 	base        string // parent of the scopes
 	ownDir      string // the daemon's cgroup when NewCgroup ran
 	controllers map[string]bool
+	// baseFD is base open: the scopes read their counters relative to it
+	// (cgroupv2.At), the backend's one descriptor.
+	baseFD *cgroupv2.Base
 }
 
 var (
@@ -123,9 +129,9 @@ func (b *cgroupBackend) Name() string { return "cgroup" }
 // Placement is PlaceAtClone: Prepare sets UseCgroupFD.
 func (b *cgroupBackend) Placement() Placement { return PlaceAtClone }
 
-// Close does nothing: the backend holds no resources; scopes and the base
-// directory stay until removed.
-func (b *cgroupBackend) Close() error { return nil }
+// Close closes the base's descriptor (scopes read by path from then on);
+// scopes and the base directory stay until removed.
+func (b *cgroupBackend) Close() error { return b.baseFD.Close() }
 
 // checkScopeName rejects names that would leave the base directory.
 func checkScopeName(name string) error {
@@ -152,7 +158,7 @@ func (b *cgroupBackend) Prepare(_ context.Context, spec Spec) (Scope, error) {
 	if err := unix.Mkdir(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("prepare cgroup scope %s: %w", dir, os.NewSyscallError("mkdir", err))
 	}
-	s := &cgroupScope{cg: cgroupv2.Dir(dir), fd: -1, name: b.cgroupPath(dir),
+	s := &cgroupScope{cg: cgroupv2.Dir(dir), at: b.baseFD.At(spec.ID), fd: -1, name: b.cgroupPath(dir),
 		memory: b.controllers["memory"], pids: b.controllers["pids"]}
 	fail := func(err error) (Scope, error) {
 		// Nothing has run in the new cgroup: a plain rmdir removes it and

@@ -349,6 +349,7 @@ func TestCgroupCleanLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatalf("NewCgroup = %v", err)
 	}
+	defer b2.Close()
 	lc, ok := b2.(LeftoverCleaner)
 	if !ok {
 		t.Fatalf("cgroup backend is not a LeftoverCleaner")

@@ -18,7 +18,8 @@ import (
 // goroutine; mu guards fd and the last Stats, the rest is kernel state.
 type cgroupScope struct {
 	cg         cgroupv2.Dir
-	name       string // cgroup path relative to the cgroup2 root
+	at         cgroupv2.At // cg read relative to the backend's base: Empty and Stats
+	name       string      // cgroup path relative to the cgroup2 root
 	unenforced Limits
 	// memory and pids: whether the backend's base gives its children those
 	// controllers (their files exist); Stats reads only those that do.
@@ -83,7 +84,7 @@ func (s *cgroupScope) Kill() error { return s.cg.Kill() }
 // Empty reads "populated" from cgroup.events, which counts child cgroups
 // too. Exited but unreaped processes (zombies) no longer count. A removed
 // scope is empty.
-func (s *cgroupScope) Empty() (bool, error) { return s.cg.Empty() }
+func (s *cgroupScope) Empty() (bool, error) { return s.at.Empty() }
 
 // Stats reads cpu.stat (always present), memory.peak and memory.events (with
 // the memory controller), pids.peak and pids.current (with the pids
@@ -98,7 +99,7 @@ func (s *cgroupScope) Stats() (Stats, error) { return s.stats(false) }
 // cgroup.stat and cgroup.threads where the pids controller is off (two of
 // the three reads of Stats on such a host). The rest is as Stats.
 func (s *cgroupScope) ExitStats() (Stats, bool, error) {
-	empty, err := s.cg.Empty()
+	empty, err := s.at.Empty()
 	if err != nil {
 		st, serr := s.stats(false)
 		return st, false, errors.Join(err, serr)
@@ -110,7 +111,7 @@ func (s *cgroupScope) ExitStats() (Stats, bool, error) {
 // stats is Stats; with empty (the scope was just read unpopulated) the
 // task count is 0 without reading it.
 func (s *cgroupScope) stats(empty bool) (Stats, error) {
-	cs, err := s.cg.StatsOf(s.memory, s.pids && !empty)
+	cs, err := s.at.StatsOf(s.memory, s.pids && !empty)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			// Removed: the last reading is the final one.
@@ -126,7 +127,7 @@ func (s *cgroupScope) stats(empty bool) (Stats, error) {
 	if empty {
 		st.Tasks = 0
 		if s.pids {
-			st.TasksPeak = s.cg.Count("pids.peak")
+			st.TasksPeak = s.at.Count("pids.peak")
 		}
 	}
 	if st.Tasks == Unknown {

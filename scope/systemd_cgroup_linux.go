@@ -209,10 +209,8 @@ func (p unitCgroups) statsOf(empty bool) Stats {
 		st.MemoryPeak = v1Count(p.Memory, "memory.max_usage_in_bytes")
 	}
 	if st.OOMKills == Unknown && p.Memory != "" {
-		if data, err := cgroupv2.Dir(p.Memory).Read("memory.oom_control"); err == nil {
-			if v, ok := cgroupv2.Keyed(data, "oom_kill"); ok {
-				st.OOMKills = v
-			}
+		if v, ok, err := (cgroupv2.At{Dir: cgroupv2.Dir(p.Memory)}).Keyed("memory.oom_control", "oom_kill"); err == nil && ok {
+			st.OOMKills = v
 		}
 	}
 	if st.Tasks == Unknown && p.Pids != "" {
@@ -228,13 +226,7 @@ func (p unitCgroups) statsOf(empty bool) Stats {
 }
 
 // v1Count reads a one-number file of a v1 directory, Unknown when it cannot.
-func v1Count(dir, file string) int64 {
-	v, err := cgroupv2.Dir(dir).ReadInt(file)
-	if err != nil || v < 0 {
-		return Unknown
-	}
-	return v
-}
+func v1Count(dir, file string) int64 { return cgroupv2.Dir(dir).Count(file) }
 
 // mergeStats combines a fresh reading with the last one: counters that only
 // grow (CPU, peaks, OOM kills) keep the highest value seen, and a field the

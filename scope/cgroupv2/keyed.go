@@ -6,9 +6,16 @@ import (
 )
 
 // Keyed returns the value of key in a flat-keyed file ("key value" per
-// line) such as cgroup.events, cpu.stat or memory.events.
+// line) such as cgroup.events, cpu.stat or memory.events. It does not keep
+// data (a caller's buffer on the stack stays there).
 func Keyed(data []byte, key string) (int64, bool) {
-	for line := range bytes.Lines(data) {
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
 		k, v, ok := bytes.Cut(bytes.TrimSpace(line), []byte(" "))
 		if !ok || string(k) != key {
 			continue

@@ -141,8 +141,10 @@ func (d Dir) waitFrozen(timeout time.Duration) {
 // Empty reports whether no process is left in d or its child cgroups, from
 // "populated" in cgroup.events. Exited but unreaped processes (zombies) no
 // longer count. A removed d is empty. Cheap: one read.
-func (d Dir) Empty() (bool, error) {
-	data, err := d.Read("cgroup.events")
+func (d Dir) Empty() (bool, error) { return At{Dir: d}.Empty() }
+
+// emptyOf is Empty of d from its cgroup.events read as data, err.
+func emptyOf(d Dir, data []byte, err error) (bool, error) {
 	if Gone(err) {
 		return true, nil
 	}

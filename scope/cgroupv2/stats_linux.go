@@ -32,44 +32,43 @@ func (d Dir) Stats() (Stats, error) { return d.StatsOf(true, true) }
 // where memory and pids say the controller is enabled for d (the others'
 // fields stay Unknown): a caller that knows, such as the cgroup backend for
 // its scopes, saves a failed open of each missing file on every read.
-func (d Dir) StatsOf(memory, pids bool) (Stats, error) {
+func (d Dir) StatsOf(memory, pids bool) (Stats, error) { return At{Dir: d}.StatsOf(memory, pids) }
+
+// StatsOf is Dir.StatsOf.
+func (a At) StatsOf(memory, pids bool) (Stats, error) {
+	var buf [statBuf]byte
+	d := a.Dir
+	read := func(name string, keys ...string) ([]byte, error) { return a.read(name, buf[:], keys...) }
 	st := Stats{Unknown, Unknown, Unknown, Unknown, Unknown, Unknown, Unknown}
-	data, err := d.Read("cpu.stat")
+	data, err := read("cpu.stat", "usage_usec", "user_usec", "system_usec")
 	if err != nil {
 		return st, fmt.Errorf("stats of cgroup %s: %w", d, err)
 	}
-	for key, dst := range map[string]*int64{
-		"usage_usec":  &st.CPUUsageNS,
-		"user_usec":   &st.CPUUserNS,
-		"system_usec": &st.CPUSystemNS,
-	} {
-		if v, ok := Keyed(data, key); ok {
-			*dst = v * 1000
+	for _, f := range [...]struct {
+		key string
+		dst *int64
+	}{{"usage_usec", &st.CPUUsageNS}, {"user_usec", &st.CPUUserNS}, {"system_usec", &st.CPUSystemNS}} {
+		if v, ok := Keyed(data, f.key); ok {
+			*f.dst = v * 1000
 		}
 	}
 	if memory {
-		st.MemoryPeak = d.Count("memory.peak")
-		if data, err := d.Read("memory.events"); err == nil {
+		st.MemoryPeak = countOf(read("memory.peak"))
+		if data, err := read("memory.events", "oom_kill"); err == nil {
 			if v, ok := Keyed(data, "oom_kill"); ok {
 				st.OOMKills = v
 			}
 		}
 	}
 	if pids {
-		st.Tasks = d.Count("pids.current")
-		st.TasksPeak = d.Count("pids.peak")
+		st.Tasks = countOf(read("pids.current"))
+		st.TasksPeak = countOf(read("pids.peak"))
 	}
 	return st, nil
 }
 
 // Count reads a one-number file, Unknown when it cannot (or it says max).
-func (d Dir) Count(name string) int64 {
-	v, err := d.ReadInt(name)
-	if err != nil || v < 0 {
-		return Unknown
-	}
-	return v
-}
+func (d Dir) Count(name string) int64 { return At{Dir: d}.Count(name) }
 
 // Threads counts the threads in d and its child cgroups from cgroup.threads:
 // the number of tasks where the pids controller is off. Blocking: a walk.
