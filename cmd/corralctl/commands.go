@@ -103,14 +103,14 @@ func cmdLogs(e *env, g *globalFlags, args []string) int {
 			return 0, nil
 		}
 		rec, err := st.follow(ctx)
+		rc := &reconnector{e: e, g: g, id: id}
 		for err != nil && errors.Is(err, ipc.ErrClosed) && ctx.Err() == nil {
 			// corrald reloading or restarting: follow on (as run does).
-			nc, rerr := redial(ctx, e, g)
+			nc, rerr := rc.redial(ctx, err, "following "+id+" on")
 			if rerr != nil {
-				return 0, fmt.Errorf("follow %s: %w; not reconnected: %v", id, err, rerr)
+				return 0, fmt.Errorf("follow %s: %w; %w", id, err, rerr)
 			}
 			defer nc.Close()
-			fmt.Fprintf(e.stderr, "corralctl: connection to corrald lost (restart or reload?); reconnected, following %s on\n", id)
 			st.c = nc
 			rec, err = st.follow(ctx)
 		}
@@ -156,6 +156,7 @@ func cmdWait(e *env, g *globalFlags, args []string) int {
 	return withClient(e, g, exitFailure, func(ctx context.Context, c *ipc.Client) (int, error) {
 		deadline := time.Now().Add(timeout.d)
 		p := api.WaitParams{ID: pos[0]}
+		rc := &reconnector{e: e, g: g, id: pos[0]}
 		var rec api.Record
 		for {
 			if timeout.set {
@@ -171,13 +172,22 @@ func cmdWait(e *env, g *globalFlags, args []string) int {
 				return 0, fmt.Errorf("wait %s: %w", pos[0], err)
 			}
 			// corrald reloading or restarting: the execution goes on,
-			// so wait on over a new connection (as run does).
-			nc, rerr := redial(ctx, e, g)
+			// so wait on over a new connection (as run does), within
+			// --timeout.
+			rctx, cancel := ctx, context.CancelFunc(func() {})
+			if timeout.set {
+				rctx, cancel = context.WithDeadline(ctx, deadline)
+			}
+			nc, rerr := rc.redial(rctx, err, "waiting for "+pos[0]+" on")
+			cancel()
 			if rerr != nil {
-				return 0, fmt.Errorf("wait %s: %w; not reconnected: %v", pos[0], err, rerr)
+				if timeout.set && !time.Now().Before(deadline) {
+					fmt.Fprintf(e.stderr, "corralctl: wait %s: %v; --timeout %s passed while corrald was out of reach\n", pos[0], err, formatDuration(timeout.d))
+					return exitTimeout, nil
+				}
+				return 0, fmt.Errorf("wait %s: %w; %w", pos[0], err, rerr)
 			}
 			defer nc.Close()
-			fmt.Fprintf(e.stderr, "corralctl: connection to corrald lost (restart or reload?); reconnected, waiting for %s on\n", pos[0])
 			c = nc
 		}
 		if g.json {

@@ -33,6 +33,7 @@ import (
 //	hang        runs until cancelled, then is SIGTERMed
 //	stubborn    never ends, even when cancelled
 //	chatty      writes a line at once, then runs until cancelled
+//	twice       as chatty, on stdout and stderr (fakeDaemon.emit adds more)
 //	cat         echoes its stdin (stdin_open) to stdout once stdin is closed
 //	big         writes 2 MiB to stdout in 4 KiB chunks, every other one dropped
 type fakeExec struct {
@@ -139,6 +140,9 @@ func (d *fakeDaemon) Start(_ context.Context, caller api.Owner, p api.StartParam
 		finish(&x.rec, api.OutcomeStartFailed, nil, nil)
 	case "chatty":
 		emit("stdout", "chat\n", true)
+	case "twice":
+		emit("stdout", "out1\n", true)
+		emit("stderr", "err1\n", true)
 	case "hang", "stubborn":
 	case "cat":
 		if !p.StdinOpen {
@@ -181,7 +185,7 @@ func (d *fakeDaemon) settle(ctx context.Context, x *fakeExec) error {
 	case "stubborn":
 		<-ctx.Done()
 		return ctx.Err()
-	case "hang", "chatty":
+	case "hang", "chatty", "twice":
 		select {
 		case <-x.cancelled:
 		case <-ctx.Done():
@@ -332,7 +336,7 @@ func (d *fakeDaemon) Follow(ctx context.Context, _ api.Owner, p api.FollowParams
 			notify(api.NotifyOutput, n)
 		}
 	}
-	if x.rec.Argv[0] == "chatty" {
+	if x.rec.Argv[0] == "chatty" || x.rec.Argv[0] == "twice" {
 		send()
 		return d.snapshot(x), d.settle(ctx, x)
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/pflag"
@@ -239,22 +238,54 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 		mu          sync.Mutex
 		interrupted os.Signal
 		redialled   []*ipc.Client // connections made after c broke
+		// pendingCancel is the reason of a cancel asked for while the
+		// connection was down: sent on the next one.
+		pendingCancel string
 	)
-	// cur is the connection in use: c, or the last one redialled after a
-	// restart of corrald broke it.
-	cur := func() *ipc.Client {
-		mu.Lock()
-		defer mu.Unlock()
+	// curLocked is the connection in use: c, or the last one redialled
+	// after a restart of corrald broke it. mu must be held.
+	curLocked := func() *ipc.Client {
 		if n := len(redialled); n > 0 {
 			return redialled[n-1]
 		}
 		return c
+	}
+	cur := func() *ipc.Client {
+		mu.Lock()
+		defer mu.Unlock()
+		return curLocked()
 	}
 	defer func() {
 		for _, rc := range redialled {
 			rc.Close()
 		}
 	}()
+	// sendCancel cancels the execution on the connection in use; when that
+	// one is broken (any error but corrald's answer), the cancel is kept
+	// and sent on the next one.
+	sendCancel := func(reason string) {
+		for {
+			cl := cur()
+			_, err := cl.Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: reason})
+			if err == nil {
+				return
+			}
+			var ae *api.Error
+			if errors.As(err, &ae) {
+				// corrald answered: the cancel was refused.
+				fmt.Fprintf(e.stderr, "corralctl: cancel %s: %s\n", rec.ID, describe(err))
+				return
+			}
+			mu.Lock()
+			if cl == curLocked() {
+				pendingCancel = reason
+				mu.Unlock()
+				fmt.Fprintf(e.stderr, "corralctl: cancel %s: %s; the cancel is sent once corrald is reached again\n", rec.ID, describe(err))
+				return
+			}
+			mu.Unlock() // a new connection came meanwhile: cancel on it
+		}
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	defer func() {
@@ -280,9 +311,7 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 					}
 					cancelled = true
 					fmt.Fprintf(e.stderr, "corralctl: %s: cancelling %s (again to stop waiting)\n", osSignalName(sig), rec.ID)
-					if _, err := cur().Cancel(ctx, api.CancelParams{ID: rec.ID, Reason: "corralctl received " + osSignalName(sig)}); err != nil {
-						fmt.Fprintf(e.stderr, "corralctl: cancel %s: %s\n", rec.ID, describe(err))
-					}
+					sendCancel("corralctl received " + osSignalName(sig))
 				}
 			}
 		}()
@@ -312,16 +341,22 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 	// under systemd adopts them) breaks the connection, not the execution:
 	// redial and follow on from the offsets written. Not with stdin or a
 	// terminal forwarded, whose forwarders hold the broken connection.
+	rc := &reconnector{e: e, g: g, id: rec.ID}
 	for err != nil && errors.Is(err, ipc.ErrClosed) && !stdin && lt == nil && followCtx.Err() == nil {
-		nc, rerr := redial(followCtx, e, g)
+		nc, rerr := rc.redial(followCtx, err, "following "+rec.ID+" on")
 		if rerr != nil {
-			fmt.Fprintf(e.stderr, "corralctl: connection to corrald lost and not regained: %v\n", rerr)
+			err = fmt.Errorf("%w; %w", err, rerr)
 			break
 		}
 		mu.Lock()
 		redialled = append(redialled, nc)
+		reason := pendingCancel
+		pendingCancel = ""
 		mu.Unlock()
-		fmt.Fprintf(e.stderr, "corralctl: connection to corrald lost (restart or reload?); reconnected, following %s on\n", rec.ID)
+		if reason != "" {
+			fmt.Fprintf(e.stderr, "corralctl: sending the cancel of %s asked for while the connection was down\n", rec.ID)
+			sendCancel(reason)
+		}
 		st.c = nc
 		final, err = st.follow(followCtx)
 	}
@@ -332,8 +367,11 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 	stopFollow()
 	if err != nil {
 		mu.Lock()
-		sig := interrupted
+		sig, unsent := interrupted, pendingCancel
 		mu.Unlock()
+		if unsent != "" {
+			fmt.Fprintf(e.stderr, "corralctl: the cancel of %s was not sent (corrald not reached again); 'corralctl cancel %s' ends it\n", rec.ID, rec.ID)
+		}
 		if sig != nil {
 			fmt.Fprintf(e.stderr, "corralctl: stopped waiting for %s\n", rec.ID)
 			if n, ok := sig.(syscall.Signal); ok {
@@ -352,6 +390,16 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 				return exitSignalBase + int(syscall.SIGPIPE)
 			}
 			return fail(e, exitFailure, "%v; cancelled %s", err, rec.ID)
+		}
+		if errors.Is(err, ipc.ErrClosed) && (stdin || lt != nil) {
+			// The forwarders of -i and -t hold the broken connection, and
+			// what they had read but not sent is lost: no redial.
+			what := "stdin (-i)"
+			if lt != nil {
+				what = "terminal (-t)"
+			}
+			return fail(e, exitFailure, "follow %s: %s; the execution runs on in corrald without this corralctl's %s: see it with 'corralctl logs -f %s' or 'corralctl wait %s', end it with 'corralctl cancel %s'",
+				rec.ID, describe(err), what, rec.ID, rec.ID, rec.ID)
 		}
 		return fail(e, exitFailure, "follow %s: %s", rec.ID, describe(err))
 	}
@@ -372,27 +420,6 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 		fmt.Fprintf(e.stderr, "corralctl: %s\n", msg)
 	}
 	return code
-}
-
-// runRedialFor is how long run redials a corrald that went away mid-run; a
-// reload takes well under a second, a restart by systemd a few.
-var runRedialFor = 15 * time.Second
-
-// redial dials corrald again until it answers or runRedialFor has passed.
-func redial(ctx context.Context, e *env, g *globalFlags) (*ipc.Client, error) {
-	ctx, cancel := context.WithTimeout(ctx, runRedialFor)
-	defer cancel()
-	for {
-		c, err := dial(ctx, e, g)
-		if err == nil {
-			return c, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("for %s: %w", runRedialFor, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // forwardStdin copies r to the execution's stdin with exec.write and closes
