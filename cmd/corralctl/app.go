@@ -156,6 +156,9 @@ func commandUsage(w io.Writer, fs *pflag.FlagSet) {
 	name := strings.TrimPrefix(fs.Name(), "corralctl ")
 	s := commands[name].summary
 	cli.Usage(w, "corralctl "+commands[name].usage, "\n"+strings.ToUpper(s[:1])+s[1:]+".", fs)
+	if name == "run" || name == "wait" || name == "logs" {
+		fmt.Fprintf(w, "\n%s\n", redialText)
+	}
 }
 
 // helpAsked prints the command's help on stdout when --help was given.

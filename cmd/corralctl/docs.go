@@ -85,6 +85,7 @@ Options may come anywhere among a command's arguments; "--" ends them. For run, 
 		Version:  version,
 		Extra: []cli.Section{
 			{Title: "Exit status", Text: exitStatusText},
+			{Title: "Reload and restart of corrald", Text: redialText},
 			{Title: "Environment", Text: `CORRAL_SOCKET: the socket when --socket is not given (default /run/corral/corrald.sock).
 
 TRACEPARENT: a W3C trace context; run passes it to corrald, whose trace of the execution then becomes a child of the caller's span.`},

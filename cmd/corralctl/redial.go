@@ -103,3 +103,16 @@ func (r *reconnector) giveUp(ctx context.Context, last error) error {
 	}
 	return fmt.Errorf("not reconnected: %w (last attempt: %s)", ctx.Err(), describe(last))
 }
+
+// redialText is what run, wait and logs -f do when corrald reloads or
+// restarts under them, for their --help and the man page.
+const redialText = `When corrald reloads or restarts under run, wait or logs -f (the execution
+survives it), they redial the socket and go on: run and logs -f from the
+output they have written, wait with what is left of its --timeout. The
+redial gives up 15 s after the connection was lost (backing off between
+attempts; a connection counts once corrald answered on it for the
+execution) and the command exits 125 (logs -f: 1). A SIGINT/SIGTERM in
+the gap is sent as the cancel once corrald is reached again. run -i and
+run -t do not redial (their input goes over the lost connection): they
+exit 125 and name the commands to reattach (corralctl logs -f ID, wait ID)
+while the execution runs on.`

@@ -342,3 +342,14 @@ func TestRedialToADaemonThatDoesNotKnowTheID(t *testing.T) {
 		t.Errorf("wait redialled to a daemon without exec-1 = %d, stderr %q; want 125 and that it may be another daemon", res.code, res.stderr)
 	}
 }
+
+// TestHelpSaysWhatIsRedialled: run --help, wait --help and the man page say
+// what happens across a corrald reload or restart.
+func TestHelpSaysWhatIsRedialled(t *testing.T) {
+	for _, args := range [][]string{{"run", "--help"}, {"wait", "--help"}, {"logs", "--help"}, {manCommand}} {
+		r := corralctl(t, "/nonexistent", "", nil, args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "15 s after the connection was lost") || !strings.Contains(r.stdout, "do not redial") {
+			t.Errorf("corralctl %s = %d, stdout without the redial's paragraph:\n%s", strings.Join(args, " "), r.code, r.stdout)
+		}
+	}
+}
