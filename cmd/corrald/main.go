@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/corral-dev/corral/shim"
 	"github.com/corral-dev/corral/systemd"
 )
@@ -42,9 +40,10 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(defaultGCPercent)
 	}
-	// Whatever started corrald may have leaked fds without O_CLOEXEC: none
-	// of them may reach a child.
-	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	// Whatever started corrald may have leaked fds without O_CLOEXEC, and
+	// a handover's previous image passes its own without it: none of them
+	// may reach a child. Before anything could fork.
+	inheritErr := markInheritedCloexec()
 	cfg, err := parseConfig(os.Args[1:])
 	if errors.Is(err, errHelpShown) {
 		os.Exit(0)
@@ -58,6 +57,9 @@ func main() {
 		return
 	}
 	log := newLogger(cfg)
+	if inheritErr != nil {
+		log.Warn().Err(inheritErr).Msg("mark inherited fds close-on-exec")
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	// The log entries still queued for the journal (systemd.JournalWriter)

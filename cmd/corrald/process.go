@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -41,4 +42,35 @@ func raiseFileLimit(log zerolog.Logger) {
 	if err := unix.Prlimit(0, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
 		log.Warn().Err(err).Uint64("wanted", n).Msg("cannot raise RLIMIT_NOFILE; the number of executions at once is bounded by the current limit (4 fds each)")
 	}
+}
+
+// closeRangeCloexec marks every fd from 3 up close-on-exec
+// (close_range(2), Linux >= 5.11); a variable for tests.
+var closeRangeCloexec = func() error {
+	return unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+}
+
+// markInheritedCloexec sets close-on-exec on every fd above stderr the
+// process holds: the ones it inherited. Where close_range cannot do it
+// (an older kernel, a seccomp filter that refuses it) each fd listed in
+// /proc/self/fd is marked.
+func markInheritedCloexec() error {
+	if err := closeRangeCloexec(); err == nil {
+		return nil
+	}
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("close_range failed and cannot list fds: %w", err)
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	for _, n := range names {
+		if fd, cerr := strconv.Atoi(n); cerr == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("close_range failed; list fds: %w", err)
+	}
+	return nil
 }

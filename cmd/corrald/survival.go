@@ -434,11 +434,6 @@ func handover(c *config, r *reactor.Reactor, ln *net.UnixListener, activated boo
 		if err := os.WriteFile(path, b, 0o600); err != nil {
 			return fmt.Errorf("handover: %w", err)
 		}
-		for fd := range h.Fds {
-			if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
-				log.Warn().Err(err).Int("fd", fd).Str("name", h.Fds[fd]).Msg("handover: clear close-on-exec")
-			}
-		}
 		env := make([]string, 0, len(os.Environ())+1)
 		for _, kv := range os.Environ() {
 			if !strings.HasPrefix(kv, systemd.HandoverEnv+"=") {
@@ -462,14 +457,41 @@ func handover(c *config, r *reactor.Reactor, ln *net.UnixListener, activated boo
 		// passed WatchdogSec: systemd aborted the new image right after it
 		// took over).
 		systemd.Watchdog()
-		err = syscall.Exec(exe, os.Args, env)
+		err = execKeeping(h.Fds, func() error { return syscall.Exec(exe, os.Args, env) }, log)
 		// Still here: exec failed before it replaced the image.
-		for fd := range h.Fds {
-			unix.CloseOnExec(fd)
-		}
 		os.Remove(path)
 		return fmt.Errorf("handover: exec %s: %w", exe, err)
 	})
+}
+
+// execKeeping runs exec (syscall.Exec) with fds' close-on-exec flag
+// cleared, so that they reach the next image, and sets it again if exec
+// returns. The window in which they are inheritable holds syscall.ForkLock
+// for reading, as Go requires of code that makes an fd without atomic
+// close-on-exec: every fork of the process (os/exec, os.StartProcess:
+// syscall.forkExec takes ForkLock for writing) waits until exec has
+// replaced the image, or failed and the flags are back. Without it, a
+// child forked in the window (one outside the reactor's hold on its own
+// forks) inherited the listening socket and every execution's fds. Taking
+// the lock waits only for forks already under way, and nothing slow runs
+// while it is held (the flushes to systemd and journald come before).
+func execKeeping(fds map[int]string, exec func() error, log zerolog.Logger) error {
+	failed := map[int]error{}
+	syscall.ForkLock.RLock()
+	for fd := range fds {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			failed[fd] = err
+		}
+	}
+	err := exec()
+	for fd := range fds {
+		unix.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
+	for fd, ferr := range failed {
+		log.Warn().Err(ferr).Int("fd", fd).Str("name", fds[fd]).Msg("handover: clear close-on-exec")
+	}
+	return err
 }
 
 // killLeftoverPgroup kills what is left of a lost execution's process group

@@ -561,6 +561,7 @@ func TestSurviveReload(t *testing.T) {
 	if info.PID != before.PID {
 		t.Errorf("after the reload: pid %d, want the same pid %d (in-place exec)", info.PID, before.PID)
 	}
+	childHoldsOnlyStdio(t, c, info.PID)
 	time.Sleep(200 * time.Millisecond)
 	tries, refused := stop()
 	if refused > 0 {
@@ -589,6 +590,42 @@ func TestSurviveReload(t *testing.T) {
 			t.Errorf("follower's line %d is %q, want %d (a byte lost or read twice)", i, line, i)
 			break
 		}
+	}
+}
+
+// childHoldsOnlyStdio starts a child through corrald (pid daemon) and
+// checks that it holds nothing but its stdio: none of corrald's fds (its
+// listening socket, spools, pidfds), which the handover passed to the new
+// image without close-on-exec.
+func childHoldsOnlyStdio(t *testing.T, c *ipc.Client, daemon int) {
+	t.Helper()
+	rec, err := c.Start(ctx(t), api.StartParams{Argv: []string{"sleep", "60"}, Cwd: "/"})
+	if err != nil {
+		t.Fatalf("exec.start: %v", err)
+	}
+	defer func() {
+		c.Cancel(ctx(t), api.CancelParams{ID: rec.ID})
+		ms := int64(20000)
+		c.Wait(ctx(t), api.WaitParams{ID: rec.ID, TimeoutMS: &ms})
+	}()
+	ours := map[string]string{} // link -> corrald's fd
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", daemon))
+	for _, e := range ents {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", daemon, e.Name())); err == nil {
+			ours[l] = e.Name()
+		}
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", rec.PID)
+	ents, err = os.ReadDir(dir)
+	if err != nil {
+		t.Fatalf("the child's fds: %v", err)
+	}
+	for _, e := range ents {
+		if n, _ := strconv.Atoi(e.Name()); n <= 2 {
+			continue
+		}
+		l, _ := os.Readlink(dir + "/" + e.Name())
+		t.Errorf("the child started after the handover holds fd %s (%s; corrald's fd %q)", e.Name(), l, ours[l])
 	}
 }
 
