@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/corral-dev/corral/api"
 )
@@ -235,10 +236,18 @@ func (c *Client) send(req clientRequest) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if _, err := c.nc.Write(b); err != nil {
+		// The write failed (EPIPE, ECONNRESET): the connection is closed.
+		// The reader, which sees the end at once, has the better reason
+		// (what the daemon said before closing, e.g. -32003 at its
+		// connection limit); wait for it a little.
+		select {
+		case <-c.done:
+		case <-time.After(100 * time.Millisecond):
+		}
 		if e := c.Err(); e != nil {
 			return e
 		}
-		return fmt.Errorf("send: %w", err)
+		return fmt.Errorf("send: %w: %w", ErrClosed, err)
 	}
 	return nil
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -53,12 +55,18 @@ func newFakeSocket(t *testing.T, d *fakeDaemon) *fakeSocket {
 	return f
 }
 
-func (f *fakeSocket) serve(d *fakeDaemon) {
+func (f *fakeSocket) serve(d *fakeDaemon) { f.serveMax(d, 0) }
+
+// serveMax serves d taking at most maxConns connections (0: the default).
+func (f *fakeSocket) serveMax(d *fakeDaemon, maxConns int) {
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: f.path, Net: "unix"})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	f.srv = ipc.NewServer(d, zerolog.New(zerolog.NewTestWriter(f.t)).Level(zerolog.WarnLevel))
+	f.srv = ipc.NewServer(d, zerolog.New(zerolog.NewTestWriter(f.t)).Level(zerolog.ErrorLevel))
+	if maxConns > 0 {
+		f.srv.MaxConns = maxConns
+	}
 	f.served = make(chan error, 1)
 	go func(srv *ipc.Server, served chan error) { served <- srv.Serve(l) }(f.srv, f.served)
 }
@@ -351,5 +359,93 @@ func TestHelpSaysWhatIsRedialled(t *testing.T) {
 		if r.code != 0 || !strings.Contains(r.stdout, "15 s after the connection was lost") || !strings.Contains(r.stdout, "do not redial") {
 			t.Errorf("corralctl %s = %d, stdout without the redial's paragraph:\n%s", strings.Join(args, " "), r.code, r.stdout)
 		}
+	}
+}
+
+// TestRedialGivesUpOnAFullCorrald: a corrald at its connection limit
+// answers -32003 and closes; the redial takes that for a failed dial (no
+// "reconnected") and wait ends with 125 after its budget.
+func TestRedialGivesUpOnAFullCorrald(t *testing.T) {
+	old := runRedialFor
+	runRedialFor = 2 * time.Second
+	defer func() { runRedialFor = old }()
+	d := &fakeDaemon{}
+	startHang(t, d)
+	f := newFakeSocket(t, d)
+	r := startCorralctl(t, f.path, strings.NewReader(""), nil, "wait", "exec-1")
+	defer cancelExec(d, "exec-1")
+	if !r.until(func() bool { return d.count(func(d *fakeDaemon) int { return d.waits }) >= 1 }) {
+		t.Fatalf("wait did not wait: stderr %q", r.errb.String())
+	}
+	f.stop()
+	f.serveMax(d, 1)
+	holder, err := ipc.Dial(f.path) // takes the one connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.Info(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	res := r.end("wait")
+	if res.code != 125 || strings.Contains(res.stderr, "; reconnected") || !strings.Contains(res.stderr, "too many connections") {
+		t.Errorf("wait against a full corrald = %d, stderr %q; want 125, no \"reconnected\", and corrald's -32003", res.code, res.stderr)
+	}
+}
+
+// TestRedialBudgetSpansConnectionsThatBreakAtOnce: a peer that answers the
+// redial's exec.get and then closes (a dying image) does not give each new
+// connection a fresh budget: wait ends after one budget, with a back-off.
+func TestRedialBudgetSpansConnectionsThatBreakAtOnce(t *testing.T) {
+	old := runRedialFor
+	runRedialFor = 2 * time.Second
+	defer func() { runRedialFor = old }()
+	d := &fakeDaemon{}
+	startHang(t, d)
+	f := newFakeSocket(t, d)
+	r := startCorralctl(t, f.path, strings.NewReader(""), nil, "wait", "exec-1")
+	defer cancelExec(d, "exec-1")
+	if !r.until(func() bool { return d.count(func(d *fakeDaemon) int { return d.waits }) >= 1 }) {
+		t.Fatalf("wait did not wait: stderr %q", r.errb.String())
+	}
+	f.stop()
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: f.path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	accepted := 0
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			accepted++
+			mu.Unlock()
+			// Answer the first request (exec.get) with a running record,
+			// then close.
+			var req struct {
+				ID int64 `json:"id"`
+			}
+			if json.NewDecoder(c).Decode(&req) == nil {
+				fmt.Fprintf(c, `{"jsonrpc":"2.0","id":%d,"result":{"id":"exec-1","state":"running"}}`+"\n", req.ID)
+			}
+			c.Close()
+		}
+	}()
+	res := r.end("wait")
+	l.Close()
+	<-closed
+	if res.code != 125 || !strings.Contains(res.stderr, "not reconnected within 2s") {
+		t.Errorf("wait against a peer that answers then closes = %d, stderr %q; want 125 and \"not reconnected within 2s\"", res.code, res.stderr)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if accepted == 0 || accepted > 50 {
+		t.Errorf("wait made %d connections in its 2 s budget; want a few, with a back-off", accepted)
 	}
 }
