@@ -35,6 +35,7 @@ import (
 //	chatty      writes a line at once, then runs until cancelled
 //	twice       as chatty, on stdout and stderr (fakeDaemon.emit adds more)
 //	cat         echoes its stdin (stdin_open) to stdout once stdin is closed
+//	sink        takes its stdin (stdin_open), then runs until cancelled
 //	big         writes 2 MiB to stdout in 4 KiB chunks, every other one dropped
 type fakeExec struct {
 	rec       api.Record
@@ -144,7 +145,7 @@ func (d *fakeDaemon) Start(_ context.Context, caller api.Owner, p api.StartParam
 		emit("stdout", "out1\n", true)
 		emit("stderr", "err1\n", true)
 	case "hang", "stubborn":
-	case "cat":
+	case "cat", "sink":
 		if !p.StdinOpen {
 			return api.Record{}, api.Errorf(api.CodeInvalidParams, "cat needs stdin_open")
 		}
@@ -185,7 +186,7 @@ func (d *fakeDaemon) settle(ctx context.Context, x *fakeExec) error {
 	case "stubborn":
 		<-ctx.Done()
 		return ctx.Err()
-	case "hang", "chatty", "twice":
+	case "hang", "chatty", "twice", "sink":
 		select {
 		case <-x.cancelled:
 		case <-ctx.Done():
@@ -266,6 +267,10 @@ func (d *fakeDaemon) Write(_ context.Context, _ api.Owner, p api.WriteParams) (a
 	default:
 	}
 	x.stdin.Write(p.Data)
+	if p.Close && x.rec.Argv[0] == "sink" {
+		close(x.stdinEOF)
+		return api.WriteResult{}, nil
+	}
 	if p.Close {
 		s := x.stdin.String()
 		x.out["stdout"] = append(x.out["stdout"], s...)

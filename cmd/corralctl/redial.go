@@ -112,7 +112,7 @@ output they have written, wait with what is left of its --timeout. The
 redial gives up 15 s after the connection was lost (backing off between
 attempts; a connection counts once corrald answered on it for the
 execution) and the command exits 125 (logs -f: 1). A SIGINT/SIGTERM in
-the gap is sent as the cancel once corrald is reached again. run -i and
-run -t do not redial (their input goes over the lost connection): they
-exit 125 and name the commands to reattach (corralctl logs -f ID, wait ID)
-while the execution runs on.`
+the gap is sent as the cancel once corrald is reached again. run -t, and
+run -i until all of its stdin reached corrald (EOF), do not redial (their
+input goes over the lost connection): they exit 125 and name the commands
+to reattach (corralctl logs -f ID, wait ID) while the execution runs on.`

@@ -449,3 +449,40 @@ func TestRedialBudgetSpansConnectionsThatBreakAtOnce(t *testing.T) {
 		t.Errorf("wait made %d connections in its 2 s budget; want a few, with a back-off", accepted)
 	}
 }
+
+// TestRunStdinAtEOFGoesOnAcrossARestart: once all of run -i's stdin reached
+// corrald (EOF, the close taken), nothing rides on the old connection, and
+// run -i redials as plain run does.
+func TestRunStdinAtEOFGoesOnAcrossARestart(t *testing.T) {
+	d := &fakeDaemon{}
+	f := newFakeSocket(t, d)
+	r := startCorralctl(t, f.path, strings.NewReader("abc"), nil, "run", "-i", "--", "sink")
+	defer cancelExec(d, "exec-1")
+	closedIn := func() bool {
+		x, err := d.lookup("exec-1")
+		if err != nil {
+			return false
+		}
+		select {
+		case <-x.stdinEOF:
+			return d.count(func(d *fakeDaemon) int { return d.follows }) >= 1
+		default:
+			return false
+		}
+	}
+	if !r.until(closedIn) {
+		t.Fatalf("run -i did not send its stdin: stderr %q", r.errb.String())
+	}
+	f.stop()
+	f.serve(d)
+	if !r.until(func() bool { return d.count(func(d *fakeDaemon) int { return d.follows }) >= 2 }) {
+		res := r.end("run -i")
+		t.Fatalf("run -i at EOF across a restart = %d, stderr %q; want it to follow on", res.code, res.stderr)
+	}
+	cancelExec(d, "exec-1")
+	res := r.end("run -i")
+	x, _ := d.lookup("exec-1")
+	if res.code != 143 || !strings.Contains(res.stderr, "; reconnected") || x.stdin.String() != "abc" {
+		t.Errorf("run -i at EOF across a restart = %d, stderr %q, stdin %q; want 143, reconnected, abc", res.code, res.stderr, x.stdin.String())
+	}
+}

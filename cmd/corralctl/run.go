@@ -316,6 +316,20 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 			}
 		}()
 	}
+	// stdinSent is closed once all of stdin reached corrald (-i, EOF, the
+	// close acknowledged): from then on run -i can redial as plain run.
+	stdinSent := make(chan struct{})
+	canRedial := func() bool {
+		if lt != nil {
+			return false
+		}
+		select {
+		case <-stdinSent:
+			return true
+		default:
+			return !stdin
+		}
+	}
 	switch {
 	case stdin && lt != nil:
 		// Not waited for, as below.
@@ -323,7 +337,11 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 	case stdin:
 		// Not waited for: a read from a terminal cannot be interrupted, and
 		// the process exits when the execution is done.
-		go forwardStdin(followCtx, c, rec.ID, e.stdin)
+		go func() {
+			if forwardStdin(followCtx, c, rec.ID, e.stdin) {
+				close(stdinSent)
+			}
+		}()
 	}
 	if lt != nil && lt.fd >= 0 && e.notifyResize != nil {
 		winch, stop := e.notifyResize()
@@ -339,10 +357,11 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 	final, err := st.follow(followCtx)
 	// corrald restarting (a reload hands the executions over; a restart
 	// under systemd adopts them) breaks the connection, not the execution:
-	// redial and follow on from the offsets written. Not with stdin or a
-	// terminal forwarded, whose forwarders hold the broken connection.
+	// redial and follow on from the offsets written. Not with a terminal
+	// or with stdin still being forwarded: their forwarders hold the broken
+	// connection.
 	rc := &reconnector{e: e, g: g, id: rec.ID}
-	for err != nil && errors.Is(err, ipc.ErrClosed) && !stdin && lt == nil && followCtx.Err() == nil {
+	for err != nil && errors.Is(err, ipc.ErrClosed) && canRedial() && followCtx.Err() == nil {
 		nc, rerr := rc.redial(followCtx, err, "following "+rec.ID+" on")
 		if rerr != nil {
 			err = fmt.Errorf("%w; %w", err, rerr)
@@ -391,7 +410,7 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 			}
 			return fail(e, exitFailure, "%v; cancelled %s", err, rec.ID)
 		}
-		if errors.Is(err, ipc.ErrClosed) && (stdin || lt != nil) {
+		if errors.Is(err, ipc.ErrClosed) && !canRedial() {
 			// The forwarders of -i and -t hold the broken connection, and
 			// what they had read but not sent is lost: no redial.
 			what := "stdin (-i)"
@@ -424,18 +443,19 @@ func attach(ctx context.Context, e *env, g *globalFlags, c *ipc.Client, rec api.
 
 // forwardStdin copies r to the execution's stdin with exec.write and closes
 // it at EOF. It gives up quietly when the execution no longer takes input.
-func forwardStdin(ctx context.Context, c *ipc.Client, id string, r io.Reader) {
+// It reports whether all of r reached corrald and the close was taken.
+func forwardStdin(ctx context.Context, c *ipc.Client, id string, r io.Reader) bool {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			if _, werr := c.Write(ctx, api.WriteParams{ID: id, Data: buf[:n]}); werr != nil {
-				return
+				return false
 			}
 		}
 		if err != nil {
-			_, _ = c.Write(ctx, api.WriteParams{ID: id, Close: true})
-			return
+			_, cerr := c.Write(ctx, api.WriteParams{ID: id, Close: true})
+			return cerr == nil
 		}
 	}
 }
