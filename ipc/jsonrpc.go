@@ -201,7 +201,7 @@ func parseRequest(raw json.RawMessage) (*call, json.RawMessage, *rpcError) {
 	case '{':
 		c.params = r.Params
 	default:
-		return c, answerID, &rpcError{code: api.CodeInvalidParams, msg: "params: want object"}
+		return c, answerID, &rpcError{code: api.CodeInvalidParams, field: "params", msg: "params: want object"}
 	}
 	return c, answerID, nil
 }
@@ -223,7 +223,7 @@ func decodeParams(params json.RawMessage, v any, bytesField string) error {
 	case errors.As(err, &te):
 		field := te.Field
 		if field == "" {
-			return &rpcError{code: api.CodeInvalidParams, msg: "params: want " + jsonKind(te.Type)}
+			return &rpcError{code: api.CodeInvalidParams, field: "params", msg: "params: want " + jsonKind(te.Type)}
 		}
 		want := jsonKind(te.Type)
 		if ft := fieldType(v, field); ft != nil && ft.Kind() == reflect.Map && ft != te.Type {
@@ -238,7 +238,7 @@ func decodeParams(params json.RawMessage, v any, bytesField string) error {
 	default:
 		// A custom unmarshaler (api.State, ...) or a syntax error: say what
 		// json says, it usually names the value.
-		return &rpcError{code: api.CodeInvalidParams, msg: "params: " + err.Error()}
+		return &rpcError{code: api.CodeInvalidParams, field: "params", msg: "params: " + err.Error()}
 	}
 }
 

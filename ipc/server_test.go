@@ -43,6 +43,8 @@ func TestErrorsKeepConnection(t *testing.T) {
 		{"method not string", `{"jsonrpc":"2.0","id":2,"method":1}`, "2", api.CodeInvalidRequest, "method", ""},
 		{"unknown method", `{"jsonrpc":"2.0","id":3,"method":"exec.frobnicate"}`, "3", api.CodeMethodNotFound, "exec.frobnicate", ""},
 		{"params array", `{"jsonrpc":"2.0","id":4,"method":"exec.get","params":["x"]}`, "4", api.CodeInvalidParams, "params: want object", ""},
+		{"params array of a number", `{"jsonrpc":"2.0","id":4,"method":"exec.get","params":[1]}`, "4", api.CodeInvalidParams, "params: want object", ""},
+		{"params string", `{"jsonrpc":"2.0","id":4,"method":"exec.get","params":"x"}`, "4", api.CodeInvalidParams, "params: want object", ""},
 		{"timeout not integer", `{"jsonrpc":"2.0","id":5,"method":"exec.wait","params":{"id":"x","timeout_ms":"soon"}}`, "5", api.CodeInvalidParams, "params.timeout_ms: want integer", ""},
 		{"timeout fraction", `{"jsonrpc":"2.0","id":6,"method":"exec.wait","params":{"id":"x","timeout_ms":1.5}}`, "6", api.CodeInvalidParams, "params.timeout_ms: want integer", ""},
 		{"argv not array", `{"jsonrpc":"2.0","id":7,"method":"exec.start","params":{"argv":"ls -l"}}`, "7", api.CodeInvalidParams, "params.argv: want array", ""},
@@ -75,6 +77,11 @@ func TestErrorsKeepConnection(t *testing.T) {
 			}
 			if tt.wantNot != "" && strings.Contains(r.Error.Message, tt.wantNot) {
 				t.Errorf("message = %q leaks %q", r.Error.Message, tt.wantNot)
+			}
+			// docs/protocol.md: every -32602 names its field in error.data.field.
+			var data struct{ Field string }
+			if r.Error.Code == api.CodeInvalidParams && (json.Unmarshal(r.Error.Data, &data) != nil || data.Field == "") {
+				t.Errorf("-32602 %q has error.data %s, want a field", r.Error.Message, r.Error.Data)
 			}
 		})
 	}

@@ -48,8 +48,8 @@ func (r *Reactor) Follow(ctx context.Context, caller api.Owner, p api.FollowPara
 	if p.ID == "" {
 		return api.Record{}, api.Errorf(api.CodeInvalidParams, "id: required")
 	}
-	if p.StdoutOffset < 0 || p.StderrOffset < 0 || p.HeartbeatMS < 0 {
-		return api.Record{}, api.Errorf(api.CodeInvalidParams, "stdout_offset, stderr_offset, heartbeat_ms: must not be negative")
+	if err := checkFollowParams(p); err != nil {
+		return api.Record{}, err
 	}
 	f := &follower{send: notify, done: make(chan api.Record, 1)}
 	var (
@@ -168,4 +168,18 @@ func (r *Reactor) followStored(caller api.Owner, p api.FollowParams, f *follower
 	}
 	f.notify(api.NotifyState, api.StateNotification{Record: rec})
 	return rec, nil
+}
+
+// checkFollowParams refuses a negative offset or heartbeat, naming the first
+// such field so that the -32602 carries it in error.data.field.
+func checkFollowParams(p api.FollowParams) error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"stdout_offset", p.StdoutOffset}, {"stderr_offset", p.StderrOffset}, {"heartbeat_ms", p.HeartbeatMS}} {
+		if f.v < 0 {
+			return api.Errorf(api.CodeInvalidParams, "%s: must not be negative", f.name)
+		}
+	}
+	return nil
 }

@@ -397,10 +397,10 @@ func (r *Reactor) Signal(ctx context.Context, caller api.Owner, p api.SignalPara
 		case e.state == api.StateStarted:
 			err = api.Errorf(api.CodeInvalidParams, "id: execution is still starting; retry")
 		case p.Target == "main" && e.proc == nil:
-			err = api.Errorf(api.CodeInvalidParams, "signal main process: %v", os.ErrProcessDone)
+			err = api.Errorf(api.CodeInvalidParams, "target: cannot signal the main process: %v", os.ErrProcessDone)
 		case p.Target == "main":
 			if serr := e.proc.Signal(sig); serr != nil {
-				err = api.Errorf(api.CodeInvalidParams, "signal main process: %v", serr)
+				err = api.Errorf(api.CodeInvalidParams, "target: cannot signal the main process: %v", serr)
 			}
 		default:
 			r.signalTree(e, sig)
