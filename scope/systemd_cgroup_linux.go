@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/corral-dev/corral/scope/cgroupv2"
@@ -64,6 +65,28 @@ func firstMount(have *cgroupv2.Mount, m cgroupv2.Mount) {
 	if have.Point == "" {
 		*have = m
 	}
+}
+
+// limitControllers says which controllers behind MemoryMax and TasksMax a
+// host has.
+type limitControllers struct {
+	memory, pids bool
+}
+
+// controllers finds the memory and pids controllers: a v1 hierarchy of its
+// own (hybrid and legacy hosts), or in the cgroup2 root's cgroup.controllers
+// (pure v2; a hybrid host's cgroup2 has none of them).
+func (h hierarchies) controllers() limitControllers {
+	var unified []string
+	if h.Unified.Point != "" {
+		if data, err := os.ReadFile(h.Unified.Point + "/cgroup.controllers"); err == nil {
+			unified = strings.Fields(string(data))
+		}
+	}
+	has := func(m cgroupv2.Mount, name string) bool {
+		return m.Point != "" || slices.Contains(unified, name)
+	}
+	return limitControllers{memory: has(h.Memory, "memory"), pids: has(h.Pids, "pids")}
 }
 
 // readHierarchies reads this process's mountinfo.

@@ -41,7 +41,8 @@ func NewSystemd(ctx context.Context, opts SystemdOptions) (Backend, error) {
 	if opts.JobTimeout <= 0 {
 		opts.JobTimeout = 30 * time.Second
 	}
-	b := &systemdBackend{opts: opts, hier: hier, bus: newSystemdBus(opts.Dial, opts.JobTimeout, opts.Log)}
+	b := &systemdBackend{opts: opts, hier: hier, controllers: hier.controllers(),
+		bus: newSystemdBus(opts.Dial, opts.JobTimeout, opts.Log)}
 	if _, err := b.bus.get(ctx); err != nil {
 		b.bus.close()
 		return nil, fmt.Errorf("systemd backend: connect: %w", err)
@@ -59,7 +60,9 @@ func NewSystemd(ctx context.Context, opts SystemdOptions) (Backend, error) {
 type systemdBackend struct {
 	opts SystemdOptions
 	hier hierarchies
-	bus  *systemdBus
+	// controllers are the limit controllers systemd can use on this host.
+	controllers limitControllers
+	bus         *systemdBus
 	// watcher watches every scope's unified cgroup.events and
 	// memory.events (nil without a unified hierarchy, or when it could not
 	// start: watcherErr).

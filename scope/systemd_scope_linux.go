@@ -69,13 +69,17 @@ func (s *systemdScope) Name() string { return s.unit }
 // shim's runtime threads (measured: 4 to 5), which count until it execs.
 const minTasksMax = 8
 
-// Unenforced: systemd enforces MemoryMax and TasksMax itself (TasksMax not
-// below minTasksMax, so a smaller one is reported); CPUMS is enforced by the
-// reactor and needs CPU time in Stats, which every layout provides (cgroup2
-// cpu.stat or v1 cpuacct).
+// Unenforced: systemd enforces MemoryMax and TasksMax itself where the
+// memory and pids controllers exist (reported as the cgroup backend does
+// where they do not; TasksMax not below minTasksMax, so a smaller one is
+// reported too); CPUMS is enforced by the reactor and needs CPU time in
+// Stats, which every layout provides (cgroup2 cpu.stat or v1 cpuacct).
 func (s *systemdScope) Unenforced() Limits {
 	var l Limits
-	if s.limits.TasksMax > 0 && s.limits.TasksMax < minTasksMax {
+	if s.limits.MemoryBytes > 0 && !s.b.controllers.memory {
+		l.MemoryBytes = s.limits.MemoryBytes
+	}
+	if s.limits.TasksMax > 0 && (s.limits.TasksMax < minTasksMax || !s.b.controllers.pids) {
 		l.TasksMax = s.limits.TasksMax
 	}
 	if s.limits.CPUMS > 0 && s.paths.Unified == "" && s.paths.CPUAcct == "" {
