@@ -102,7 +102,6 @@ func (s *SQLite) startWriter() error {
 			}
 			started = true
 			s.w = w
-			s.startCount()
 			ready <- nil
 			s.writer()
 			return w.close()
