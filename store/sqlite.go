@@ -91,10 +91,14 @@ type SQLite struct {
 	ckptWake          chan struct{} // capacity 1
 	ckptStop          chan struct{}
 	ckptDone          chan struct{}
-	walFrames         atomic.Int64 // the WAL's frames at the checkpointer's last look
+	walWritten        atomic.Int64 // frames the writer handed to the WAL since Open (checkpoint.go)
+	pagesWritten      uint32       // the write connection's SQLITE_DBSTATUS_CACHE_WRITE at the last commit; writer goroutine only
+	lookMu            sync.Mutex   // guards look
+	look              walLook      // the last look at the WAL
 	walLimit          int64        // walLimit; set before the first write
 	ckptFrames        int64        // ckptFrames; set before the first write
-	ckptLooks         atomic.Int64 // rounds of the checkpointer (tests wait for them)
+	ckptRounds        atomic.Int64 // times the checkpointer was woken (tests)
+	ckptRuns          atomic.Int64 // PASSIVE checkpoints it ran (tests)
 	forcedCheckpoints atomic.Int64
 }
 

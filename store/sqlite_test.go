@@ -637,6 +637,7 @@ func BenchmarkLifecycle(b *testing.B) {
 	b.StopTimer()
 	st := s.Stats()
 	b.ReportMetric(float64(st.Commits-before.Commits)/float64(b.N), "commits/op")
+	b.ReportMetric(float64(st.ForcedCheckpoints-before.ForcedCheckpoints), "forced-ckpts")
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)*99/100])/1e6, "p99-ms")
 }

@@ -102,6 +102,7 @@ func (s *SQLite) startWriter() error {
 			}
 			started = true
 			s.w = w
+			s.startCount()
 			ready <- nil
 			s.writer()
 			return w.close()

@@ -31,11 +31,12 @@
 //     batch. SyncNormal survives a kill -9 but not a power loss.
 //   - Checkpoints (copying the WAL into the database) run on a goroutine
 //     and connection of their own beside the writer, not inside its
-//     commits, and only once the WAL holds ckptFrames frames (a checkpoint
+//     commits, and only once ckptFrames frames are uncopied (a checkpoint
 //     that copied every frame makes the next commit start the WAL over and
-//     sync its new header); past walLimit frames the writer checkpoints
-//     itself, so the WAL stays bounded under a writer that never pauses
-//     (checkpoint.go).
+//     sync its new header): the writer counts the frames its commits wrote
+//     and wakes the checkpointer only then, not after every commit; past
+//     walLimit frames the writer checkpoints itself, so the WAL stays
+//     bounded under a writer that never pauses (checkpoint.go).
 //   - One process at a time: Open takes an exclusive flock on
 //     <dir>/corral.lock (dropped by the kernel if the daemon dies), so a
 //     second daemon on the same state directory fails to start instead of

@@ -17,12 +17,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"modernc.org/sqlite"
 )
 
 // wconn is the write connection's prepared statements. Writer goroutine
 // only.
 type wconn struct {
-	conn                                      any // the driver's connection the statements are on
+	conn                                      any             // the driver's connection the statements are on
+	status                                    sqlite.DBStatus // conn's counters (checkpoint.go's count of frames written)
 	begin, commit, rollback                   driver.Stmt
 	insert, update, state, output, saveOutput driver.Stmt
 	delOutputs, delExecs, truncate            driver.Stmt
@@ -36,7 +39,11 @@ func prepareWrites(ctx context.Context, dc any) (*wconn, error) {
 	if !ok {
 		return nil, fmt.Errorf("prepare: driver connection %T cannot prepare with a context", dc)
 	}
-	w := &wconn{conn: dc}
+	ds, ok := dc.(sqlite.DBStatus)
+	if !ok {
+		return nil, fmt.Errorf("prepare: driver connection %T has no sqlite3_db_status", dc)
+	}
+	w := &wconn{conn: dc, status: ds}
 	var err error
 	prep := func(dst *driver.Stmt, q string) {
 		if err != nil {
