@@ -11,6 +11,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/tests/testenv"
 )
 
 // fdCloexec reads fd's flags from /proc/self/fdinfo, as a user would check
@@ -113,7 +115,7 @@ func TestExecKeepingForksNothingInWindow(t *testing.T) {
 	fd := int(r.Fd())
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Skip(err)
+		testenv.Skip(t, err)
 	}
 	var child *exec.Cmd
 	started := make(chan error, 1)
